@@ -1,0 +1,70 @@
+"""The differentiable halo exchange."""
+import math
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from pyg_dist.comm.plan import HaloPlan
+from pyg_dist.metrics import CommStats
+
+
+def _all_to_all(send: Tensor, send_counts, recv_counts, group) -> Tensor:
+    recv = send.new_empty((sum(recv_counts), ) + tuple(send.shape[1:]))
+    dist.all_to_all_single(recv, send.contiguous(), output_split_sizes=recv_counts,
+                           input_split_sizes=send_counts, group=group)
+    return recv
+
+
+def _row_bytes(x: Tensor) -> int:
+    return math.prod(x.shape[1:]) * x.element_size()
+
+
+class HaloExchange(torch.autograd.Function):
+    r"""Forward: every rank sends the inner rows its peers need and receives
+    its halo rows, :math:`H_{\mathrm{halo}} = \mathrm{A2A}(H_{\mathrm{inner}}
+    [\mathrm{send}])`. Backward: the halo gradients travel back to their
+    owners, which add them into their inner gradients,
+    :math:`\nabla H_{\mathrm{inner}} \mathrel{+}= \mathrm{scatter}(
+    \mathrm{A2A}^{-1}(\nabla H_{\mathrm{halo}}), \mathrm{send})`."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, plan: HaloPlan, group, stats: Optional[CommStats],
+                key: str) -> Tensor:
+        ctx.plan, ctx.group, ctx.stats, ctx.key = plan, group, stats, key
+        ctx.num_inner = x.size(0)
+        send = x.index_select(0, plan.send_index)
+        if stats is None:
+            return _all_to_all(send, plan.send_counts, plan.recv_counts, group)
+        with stats.timer("comm"):
+            out = _all_to_all(send, plan.send_counts, plan.recv_counts, group)
+        row_bytes = _row_bytes(x)
+        stats.add_bytes(key, plan.num_send * row_bytes, plan.num_recv * row_bytes)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_halo: Tensor):
+        plan, stats = ctx.plan, ctx.stats
+        if stats is None:
+            grad_send = _all_to_all(grad_halo, plan.recv_counts, plan.send_counts,
+                                    ctx.group)
+        else:
+            with stats.timer("comm"):
+                grad_send = _all_to_all(grad_halo, plan.recv_counts,
+                                        plan.send_counts, ctx.group)
+            row_bytes = _row_bytes(grad_halo)
+            stats.add_bytes(ctx.key + ".grad", plan.num_recv * row_bytes,
+                            plan.num_send * row_bytes)
+        grad = grad_halo.new_zeros((ctx.num_inner, ) + tuple(grad_halo.shape[1:]))
+        grad.index_add_(0, plan.send_index, grad_send)
+        return grad, None, None, None, None
+
+
+def halo_exchange(x: Tensor, plan: HaloPlan, group=None,
+                  stats: Optional[CommStats] = None, key: str = "") -> Tensor:
+    r"""Returns this rank's halo rows of the node-level tensor :obj:`x`
+    (inner rows), differentiably. A world of one rank has no halo."""
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return x.new_empty((0, ) + tuple(x.shape[1:]))
+    return HaloExchange.apply(x, plan, group, stats, key)

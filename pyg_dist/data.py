@@ -1,0 +1,117 @@
+"""``DistData``: one rank's partition as a PyG ``Data`` object."""
+import os.path as osp
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch_geometric.data import Data
+
+from pyg_dist.partition.book import FORMAT_VERSION, part_file, read_meta, safe_load
+
+# Per-partition bookkeeping kept as attributes but not node/edge features.
+_PLAN_KEYS = ("global_id", "n_id", "halo_owner", "halo_remote_id", "deg_in",
+              "deg_out", "send_index", "send_counts", "recv_counts", "partptr")
+
+
+class DistData(Data):
+    r"""The partition of one rank: its *inner* nodes (local ids
+    ``0..num_inner-1``) and the *halo* nodes other ranks own
+    (``num_inner..num_inner+num_halo-1``).
+
+    * ``x``, ``y`` and the masks hold inner rows only.
+    * ``edge_index`` is the local bipartite graph of every in-edge of an
+      inner node: sources in ``[0, num_inner + num_halo)``, targets in
+      ``[0, num_inner)``, sorted by (target, source).
+    * ``adj_t`` is the same graph as a ``torch.sparse`` CSR matrix of shape
+      ``[num_inner, num_inner + num_halo]``, the form PyG's fused
+      ``message_and_aggregate`` path consumes.
+    * ``global_id`` (relabelled, contiguous per part) and ``n_id`` (original
+      ids, PyG's convention) cover inner and halo nodes; ``halo_owner`` and
+      ``halo_remote_id`` say where each halo row lives; ``deg_in`` /
+      ``deg_out`` are degrees in the whole graph (exact GCN normalisation).
+    * ``send_index`` / ``send_counts`` / ``recv_counts`` are the halo
+      exchange plan: the inner rows sent to each peer, and the number of
+      halo rows received from each (halo rows are grouped by owner).
+    """
+
+    @property
+    def num_inner(self) -> int:
+        return int(self["num_inner"])
+
+    @property
+    def num_halo(self) -> int:
+        return int(self["num_halo"])
+
+    @property
+    def num_parts(self) -> int:
+        return int(self["num_parts"])
+
+    @property
+    def rank(self) -> int:
+        return int(self["rank"])
+
+    @classmethod
+    def load(cls, root: str, rank: int, world_size: Optional[int] = None) -> "DistData":
+        r"""Loads partition :obj:`rank` from :obj:`root`.
+
+        Refuses, with a message that says which, a world size different from
+        the number of parts (checked against the default process group when
+        one exists), an unknown format version, and a part file that belongs
+        to another partitioning (graph hash or part count differ).
+        """
+        meta = read_meta(root)
+        num_parts = meta["num_parts"]
+        if world_size is None and dist.is_available() and dist.is_initialized():
+            world_size = dist.get_world_size()
+        if world_size is not None and world_size != num_parts:
+            raise RuntimeError(
+                f"'{root}' holds {num_parts} partitions but the world size is "
+                f"{world_size}: launch {num_parts} processes or re-partition "
+                f"with num_parts={world_size}")
+        if not 0 <= rank < num_parts:
+            raise ValueError(f"rank {rank} is out of range for {num_parts} partitions")
+        path = part_file(root, rank)
+        if not osp.exists(path):
+            raise FileNotFoundError(f"Partition file '{path}' is missing "
+                                    f"(meta.json lists {num_parts} parts)")
+        item = safe_load(path)
+        if not isinstance(item, dict):
+            raise RuntimeError(f"'{path}' is not a pyg_dist partition file")
+        for key, expected in (("format_version", FORMAT_VERSION),
+                              ("graph_hash", meta["graph_hash"]),
+                              ("num_parts", num_parts), ("rank", rank)):
+            if item.get(key) != expected:
+                raise RuntimeError(
+                    f"'{path}' does not match '{osp.join(root, 'meta.json')}': "
+                    f"{key} is {item.get(key)!r}, expected {expected!r} "
+                    f"(files from different partitionings mixed?)")
+        data = cls(**item)
+        data.num_nodes = data.num_inner
+        data.num_global_nodes = meta["num_nodes"]
+        for key in ("train", "val", "test"):
+            if f"num_{key}" in meta:
+                data[f"num_global_{key}"] = meta[f"num_{key}"]
+        data.adj_t = data.csr_adj_t()
+        return data
+
+    def csr_adj_t(self, edge_index: Optional[Tensor] = None,
+                  value: Optional[Tensor] = None) -> Tensor:
+        r"""The transposed local adjacency (rows = inner targets) as a
+        ``torch.sparse`` CSR matrix; :obj:`edge_index` must be sorted by
+        (target, source) like :obj:`self.edge_index`."""
+        edge_index = self.edge_index if edge_index is None else edge_index
+        src, dst = edge_index
+        crow = torch.zeros(self.num_inner + 1, dtype=torch.long)
+        crow[1:] = torch.bincount(dst, minlength=self.num_inner).cumsum(0)
+        if value is None:
+            dtype = self.x.dtype if self.x is not None else torch.float
+            value = torch.ones(src.numel(), dtype=dtype)
+        return torch.sparse_csr_tensor(
+            crow, src, value, (self.num_inner, self.num_inner + self.num_halo))
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}(rank={self.rank}/{self.num_parts}, "
+                f"num_inner={self.num_inner}, num_halo={self.num_halo}, "
+                f"num_edges={self.edge_index.size(1)}, "
+                f"num_features={self.num_features})")

@@ -1,0 +1,133 @@
+"""Process-group set-up: from torchrun's environment, explicit arguments, or
+a spawn helper for single-machine runs, notebooks and tests."""
+import os
+import pickle
+import queue
+import socket
+import time
+import traceback
+from datetime import timedelta
+from typing import Any, Callable, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_TIMEOUT = 300.0  # seconds a collective may wait for a peer
+
+
+def default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init(backend: Optional[str] = None, init_method: Optional[str] = None,
+         rank: Optional[int] = None, world_size: Optional[int] = None,
+         timeout: float = DEFAULT_TIMEOUT) -> int:
+    r"""Creates the default process group unless one exists, and returns
+    this process' rank.
+
+    Without arguments it reads torchrun's environment (``RANK``,
+    ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``); a single process with
+    no such environment becomes a world of one. The backend defaults to NCCL
+    when CUDA is available (each process then uses GPU ``LOCAL_RANK``) and
+    gloo otherwise. :obj:`timeout` bounds how long any collective waits for a
+    peer, so a dead rank makes the others raise instead of hanging.
+    """
+    if dist.is_initialized():
+        return dist.get_rank()
+    backend = backend or default_backend()
+    if init_method is None and "MASTER_ADDR" not in os.environ and world_size in (None, 1):
+        init_method = f"tcp://127.0.0.1:{free_port()}"
+        rank, world_size = 0, 1
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend, init_method=init_method, rank=rank,
+                            world_size=world_size, timeout=timedelta(seconds=timeout))
+    return dist.get_rank()
+
+
+def device() -> torch.device:
+    r"""The device this rank computes on: its local GPU under NCCL, else CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, backend: str, timeout: float,
+            threads: Optional[int], fn: Callable, args: Sequence, results) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        init(backend, f"tcp://127.0.0.1:{port}", rank, world_size, timeout)
+        out = fn(*args)
+        results.put((rank, True, pickle.dumps(out)))
+    except BaseException as e:  # report every failure to the parent
+        results.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
+          timeout: float = DEFAULT_TIMEOUT, join_timeout: Optional[float] = None,
+          threads: Optional[int] = None) -> List[Any]:
+    r"""Runs ``fn(*args)`` in :obj:`nprocs` fresh processes joined in a
+    process group and returns their return values in rank order.
+
+    Works from scripts, tests and notebooks (:obj:`fn` must be importable,
+    i.e. defined in a module, not in ``__main__`` of a notebook). If a rank
+    fails or dies, the others get :obj:`timeout` seconds to fail on their
+    own collectives before being terminated, and a :class:`RuntimeError`
+    reports every rank's fate. :obj:`join_timeout` bounds the whole run.
+    :obj:`threads` sets each rank's intra-op threads (default: cores / ranks).
+    """
+    ctx = torch.multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    threads = threads or max(1, (os.cpu_count() or 1) // nprocs)
+    procs = [ctx.Process(target=_worker, daemon=True,
+                         args=(r, nprocs, port, backend, timeout, threads, fn, args,
+                               results)) for r in range(nprocs)]
+    for p in procs:
+        p.start()
+    outcome: dict = {}
+    deadline = None if join_timeout is None else time.monotonic() + join_timeout
+    failed_at = None
+    try:
+        while len(outcome) < nprocs:
+            now = time.monotonic()
+            if deadline is not None and now > deadline:
+                break
+            if failed_at is not None and now - failed_at > timeout + 10:
+                break
+            try:
+                rank, ok, payload = results.get(timeout=0.2)
+                outcome[rank] = (ok, payload)
+            except queue.Empty:
+                pass
+            for r, p in enumerate(procs):  # a rank that died without reporting
+                if r not in outcome and not p.is_alive() and results.empty():
+                    outcome[r] = (False, f"rank {r} died (exit code {p.exitcode})")
+            if failed_at is None and any(not ok for ok, _ in outcome.values()):
+                failed_at = time.monotonic()
+    finally:
+        for p in procs:
+            p.join(timeout=1)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+    missing = [r for r in range(nprocs) if r not in outcome]
+    errors = {r: msg for r, (ok, msg) in outcome.items() if not ok}
+    if errors or missing:
+        lines = [f"rank {r}: {msg.strip()}" for r, msg in sorted(errors.items())]
+        lines += [f"rank {r}: did not finish in time (terminated)" for r in missing]
+        raise RuntimeError(f"{len(errors) + len(missing)} of {nprocs} ranks failed:\n"
+                           + "\n".join(lines))
+    return [pickle.loads(outcome[r][1]) for r in range(nprocs)]

@@ -1,0 +1,25 @@
+from typing import Optional
+
+from torch import Tensor
+from torch_geometric.nn import GATConv
+from torch_geometric.typing import Adj
+
+
+class DistGATConv(GATConv):
+    r"""Distributed :class:`torch_geometric.nn.GATConv`.
+
+    Attention needs per-edge logits, so this layer takes the gather/scatter
+    path on the partition's ``edge_index`` (whatever adjacency form it is
+    given). The halo rows of :math:`\mathbf{x}` are fetched before the layer
+    runs bipartitely on ``(x_inner | x_halo, x_inner)``; the self-loops GAT
+    adds for the first :math:`\min(N_{src}, N_{dst})` nodes are exactly the
+    inner nodes, since they come first in local ids.
+    """
+
+    def forward(self, x: Tensor, edge_index: Adj, edge_attr: Optional[Tensor] = None,
+                size=None, return_attention_weights=None):
+        ctx = self._dist_ctx
+        x_src = ctx.extend(self._dist_key, x)
+        edge_index = ctx.adjacency(edge_index, fused=False)
+        return super().forward((x_src, x), edge_index, edge_attr,
+                               return_attention_weights=return_attention_weights)

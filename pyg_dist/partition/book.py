@@ -1,0 +1,114 @@
+"""The partition book: which global ids each part owns, and the on-disk
+metadata that every rank checks before it trusts a partition file."""
+import json
+import os
+import os.path as osp
+from dataclasses import dataclass, field
+from typing import Any, Dict, List
+
+import torch
+from torch import Tensor
+
+FORMAT_VERSION = 1
+META_FILE = "meta.json"
+BOOK_FILE = "book.pt"
+
+
+def part_file(root: str, rank: int) -> str:
+    return osp.join(root, f"part_{rank}.pt")
+
+
+@dataclass
+class PartitionBook:
+    r"""Maps between original node ids, relabelled global ids and owners.
+
+    Nodes are relabelled so that part :math:`r` owns the contiguous global id
+    range ``partptr[r]:partptr[r + 1]`` (as DistDGL does); ``perm[g]`` is the
+    original id of global id ``g`` and ``inv_perm`` the inverse mapping.
+    """
+    partptr: Tensor
+    perm: Tensor
+    meta: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_parts(self) -> int:
+        return self.partptr.numel() - 1
+
+    @property
+    def inv_perm(self) -> Tensor:
+        inv = torch.empty_like(self.perm)
+        inv[self.perm] = torch.arange(self.perm.numel())
+        return inv
+
+    def owner(self, global_id: Tensor) -> Tensor:
+        r"""The part that owns each relabelled global id."""
+        return torch.searchsorted(self.partptr, global_id, right=True) - 1
+
+    @property
+    def stats(self) -> List[Dict[str, Any]]:
+        return self.meta.get("parts", [])
+
+    def summary(self) -> str:
+        r"""A table like BNS-GCN's Table 1: inner and halo nodes per part."""
+        lines = [f"{'part':>4} {'inner':>10} {'halo':>10} {'halo/inner':>10} "
+                 f"{'edges':>12} {'train':>8}"]
+        for s in self.stats:
+            lines.append(f"{s['part']:>4} {s['num_inner']:>10,} {s['num_halo']:>10,} "
+                         f"{s['halo_ratio']:>10.3f} {s['num_edges']:>12,} "
+                         f"{s['num_train']:>8,}")
+        m = self.meta
+        lines.append(f"method={m.get('method')} objective={m.get('objective')} "
+                     f"edge_cut={m.get('edge_cut', 0):,} "
+                     f"({m.get('edge_cut_ratio', 0.0):.2%} of edges) "
+                     f"comm_volume={m.get('comm_volume', 0):,} rows/layer")
+        return "\n".join(lines)
+
+    def save(self, root: str) -> None:
+        os.makedirs(root, exist_ok=True)
+        torch.save({"partptr": self.partptr, "perm": self.perm},
+                   osp.join(root, BOOK_FILE))
+        with open(osp.join(root, META_FILE), "w") as f:
+            json.dump(self.meta, f, indent=1)
+
+    @classmethod
+    def load(cls, root: str) -> "PartitionBook":
+        meta = read_meta(root)
+        path = osp.join(root, BOOK_FILE)
+        if not osp.exists(path):
+            raise FileNotFoundError(f"Partition book '{path}' is missing; "
+                                    f"re-run pyg_dist.partition_graph()")
+        book = safe_load(path)
+        return cls(book["partptr"], book["perm"], meta)
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}(num_parts={self.num_parts}, "
+                f"num_nodes={self.perm.numel()})")
+
+
+def read_meta(root: str) -> Dict[str, Any]:
+    path = osp.join(root, META_FILE)
+    if not osp.exists(path):
+        raise FileNotFoundError(
+            f"No partition metadata at '{path}': '{root}' is not a partition "
+            f"directory (create one with pyg_dist.partition_graph() or "
+            f"'pyg-dist partition')")
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except json.JSONDecodeError as e:
+        raise RuntimeError(f"Partition metadata '{path}' is corrupt: {e}") from e
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise RuntimeError(
+            f"Partition format version {meta.get('format_version')} in '{path}' "
+            f"is not supported (expected {FORMAT_VERSION}); re-partition")
+    return meta
+
+
+def safe_load(path: str) -> Any:
+    r"""``torch.load`` restricted to tensors and plain containers, turning a
+    truncated or tampered file into a clear error instead of executing it."""
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as e:  # torch raises several types for bad archives
+        raise RuntimeError(f"Cannot read '{path}': the file is corrupt, "
+                           f"truncated or not a pyg_dist file ({e})") from e

@@ -1,0 +1,200 @@
+"""``partition_graph()``: split a graph into per-rank partition files."""
+import hashlib
+import os
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+
+from pyg_dist.partition.book import FORMAT_VERSION, PartitionBook, part_file
+from pyg_dist.partition.metis import OBJECTIVES, metis_assignment, random_assignment
+
+METHODS = ("metis", "random")
+DEFAULT_BALANCE = ("train_mask", "val_mask", "test_mask")
+
+
+def graph_hash(data: Data) -> str:
+    r"""A fingerprint of the graph structure and feature shape, stored with
+    every partition so ranks never mix files of different graphs."""
+    h = hashlib.sha256()
+    h.update(str((data.num_nodes, tuple(data.x.shape) if data.x is not None
+                  else None)).encode())
+    h.update(data.edge_index.contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _validate(data: Data, num_parts: int, method: str, objective: str,
+              balance: Sequence[str]) -> None:
+    num_nodes = data.num_nodes
+    if method not in METHODS:
+        raise ValueError(f"Unknown partition method '{method}' "
+                         f"(choose from {', '.join(METHODS)})")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"Unknown METIS objective '{objective}' "
+                         f"(choose from {', '.join(OBJECTIVES)})")
+    if not isinstance(num_parts, int) or num_parts < 1:
+        raise ValueError(f"num_parts must be a positive integer (got {num_parts!r})")
+    if num_parts > num_nodes:
+        raise ValueError(f"num_parts={num_parts} exceeds the number of nodes "
+                         f"({num_nodes})")
+    edge_index = data.edge_index
+    if edge_index is None or edge_index.dim() != 2 or edge_index.size(0) != 2:
+        raise ValueError("data.edge_index must be a [2, num_edges] tensor")
+    if edge_index.numel() > 0 and (edge_index.min() < 0
+                                   or edge_index.max() >= num_nodes):
+        raise ValueError(f"data.edge_index holds node ids outside "
+                         f"[0, {num_nodes}) (min {int(edge_index.min())}, "
+                         f"max {int(edge_index.max())})")
+    for key in balance:
+        if getattr(data, key, None) is None:
+            raise ValueError(f"balance names '{key}', but the graph has no "
+                             f"such node mask")
+
+
+def partition_graph(
+    data: Data,
+    num_parts: int,
+    method: str = "metis",
+    objective: str = "vol",
+    balance: Sequence[str] = DEFAULT_BALANCE,
+    root: Optional[str] = None,
+    seed: int = 0,
+) -> PartitionBook:
+    r"""Partitions :obj:`data` into :obj:`num_parts` parts for
+    partition-parallel training and, if :obj:`root` is given, writes
+    ``root/meta.json``, ``root/book.pt`` and one ``root/part_{r}.pt`` per
+    part (loaded with :meth:`pyg_dist.DistData.load`).
+
+    Part :math:`r` owns its *inner* nodes :math:`V_r` and keeps every edge
+    :math:`(j, i)` with :math:`i \in V_r`; the sources :math:`j \notin V_r`
+    are its *halo* nodes, whose rows other ranks send it in every layer.
+    METIS minimises the total communication volume
+    :math:`\sum_r |\mathrm{halo}(r)|` (``objective="vol"``) or the edge cut
+    (``"cut"``) on the symmetrised graph, while balancing the node count and
+    every mask named in :obj:`balance` (multi-constraint vertex weights).
+
+    Directed graphs are accepted: METIS sees the symmetrised structure, and
+    message passing follows the edge directions as given. Missing masks
+    named in :obj:`balance` raise; pass ``balance=()`` to balance node counts
+    only. The result is deterministic for a :obj:`seed`.
+    """
+    balance = tuple(balance)
+    _validate(data, num_parts, method, objective, balance)
+    num_nodes, edge_index = data.num_nodes, data.edge_index
+
+    if method == "metis":
+        weights = [torch.ones(num_nodes, dtype=torch.long)]
+        weights += [getattr(data, key).long().view(-1) for key in balance]
+        assignment = metis_assignment(edge_index, num_nodes, num_parts,
+                                      objective, torch.stack(weights, 1), seed)
+    else:
+        assignment = random_assignment(num_nodes, num_parts, seed)
+
+    # Relabel: part r owns the contiguous range partptr[r]:partptr[r+1]; a
+    # stable sort keeps the original order inside each part.
+    perm = torch.sort(assignment, stable=True).indices
+    inv_perm = torch.empty_like(perm)
+    inv_perm[perm] = torch.arange(num_nodes)
+    partptr = torch.zeros(num_parts + 1, dtype=torch.long)
+    partptr[1:] = torch.bincount(assignment, minlength=num_parts).cumsum(0)
+    src, dst = inv_perm[edge_index[0]], inv_perm[edge_index[1]]
+
+    # Sort edges by target so each part's in-edges are one contiguous slice,
+    # ordered (target, source): the CSR order of the fused sparse path.
+    order = torch.argsort(dst * num_nodes + src)
+    src, dst = src[order], dst[order]
+    edge_ptr = torch.searchsorted(dst, partptr)
+    deg_in = torch.bincount(dst, minlength=num_nodes)
+    deg_out = torch.bincount(src, minlength=num_nodes)
+
+    halos = []
+    for r in range(num_parts):
+        s = src[edge_ptr[r]:edge_ptr[r + 1]]
+        outside = (s < partptr[r]) | (s >= partptr[r + 1])
+        halos.append(torch.unique(s[outside]))  # sorted ⇒ grouped by owner
+
+    node_keys = [k for k in data.keys() if data.is_node_attr(k) and k != "edge_index"]
+    edge_keys = [k for k in data.keys() if data.is_edge_attr(k) and k != "edge_index"]
+    ghash = graph_hash(data)
+    masks = {k: getattr(data, k) for k in DEFAULT_BALANCE if getattr(data, k, None) is not None}
+    part_stats: List[Dict[str, Any]] = []
+    parts = []
+    for r in range(num_parts):
+        lo, hi = int(partptr[r]), int(partptr[r + 1])
+        halo = halos[r]
+        halo_owner = torch.searchsorted(partptr, halo, right=True) - 1
+        global_id = torch.cat([torch.arange(lo, hi), halo])
+        e = slice(int(edge_ptr[r]), int(edge_ptr[r + 1]))
+        s, d = src[e], dst[e]
+        inner_src = (s >= lo) & (s < hi)
+        local_src = torch.where(inner_src, s - lo,
+                                (hi - lo) + torch.searchsorted(halo, s))
+        # Rows this part sends to peer q: q's halo nodes that it owns.
+        send = [halos[q][(halos[q] >= lo) & (halos[q] < hi)] - lo
+                for q in range(num_parts)]
+        item: Dict[str, Any] = {
+            "format_version": FORMAT_VERSION, "graph_hash": ghash,
+            "rank": r, "num_parts": num_parts,
+            "num_inner": hi - lo, "num_halo": halo.numel(),
+            "edge_index": torch.stack([local_src, d - lo]),
+            "global_id": global_id,
+            "n_id": perm[global_id],
+            "halo_owner": halo_owner,
+            "halo_remote_id": halo - partptr[halo_owner],
+            "deg_in": deg_in[global_id], "deg_out": deg_out[global_id],
+            "send_index": torch.cat(send),
+            "send_counts": torch.tensor([t.numel() for t in send]),
+            "recv_counts": torch.bincount(halo_owner, minlength=num_parts),
+            "partptr": partptr,
+        }
+        inner_orig = perm[lo:hi]
+        for k in node_keys:
+            item[k] = getattr(data, k)[inner_orig]
+        for k in edge_keys:
+            item[k] = getattr(data, k)[order[e]]
+        parts.append(item)
+        part_stats.append({
+            "part": r, "num_inner": hi - lo, "num_halo": halo.numel(),
+            "halo_ratio": halo.numel() / max(hi - lo, 1),
+            "num_edges": int(d.numel()),
+            **{f"num_{k.split('_')[0]}": int(m[inner_orig].sum())
+               for k, m in masks.items()},
+        })
+    part_stats = [{"num_train": 0, **s} for s in part_stats]
+
+    edge_cut = int((assignment[edge_index[0]] != assignment[edge_index[1]]).sum())
+    y = getattr(data, "y", None)
+    num_classes = None
+    if y is not None:
+        num_classes = int(y.size(1)) if y.dim() > 1 else int(y.max()) + 1
+    meta: Dict[str, Any] = {
+        "format_version": FORMAT_VERSION, "graph_hash": ghash,
+        "num_parts": num_parts, "method": method,
+        "objective": objective if method == "metis" else None,
+        "balance": list(balance), "seed": seed,
+        "num_nodes": num_nodes, "num_edges": int(edge_index.size(1)),
+        "num_features": int(data.x.size(1)) if data.x is not None else 0,
+        "num_classes": num_classes,
+        "edge_cut": edge_cut,
+        "edge_cut_ratio": edge_cut / max(edge_index.size(1), 1),
+        "comm_volume": int(sum(h.numel() for h in halos)),
+        **{f"num_{k.split('_')[0]}": int(m.sum()) for k, m in masks.items()},
+        "parts": part_stats,
+        "versions": _versions(),
+    }
+    book = PartitionBook(partptr, perm, meta)
+    if root is not None:
+        os.makedirs(root, exist_ok=True)
+        for r, item in enumerate(parts):
+            torch.save(item, part_file(root, r))
+        book.save(root)  # meta.json last: its presence marks a complete write
+    return book
+
+
+def _versions() -> Dict[str, str]:
+    import torch_geometric
+
+    from pyg_dist import __version__
+    return {"pyg_dist": __version__, "torch": torch.__version__,
+            "torch_geometric": torch_geometric.__version__}
