@@ -1,5 +1,6 @@
 """``DistData``: one rank's partition as a PyG ``Data`` object."""
 import os.path as osp
+import warnings
 from typing import Optional
 
 import torch
@@ -89,9 +90,6 @@ class DistData(Data):
         data = cls(**item)
         data.num_nodes = data.num_inner
         data.num_global_nodes = meta["num_nodes"]
-        for key in ("train", "val", "test"):
-            if f"num_{key}" in meta:
-                data[f"num_global_{key}"] = meta[f"num_{key}"]
         data.adj_t = data.csr_adj_t()
         return data
 
@@ -107,8 +105,11 @@ class DistData(Data):
         if value is None:
             dtype = self.x.dtype if self.x is not None else torch.float
             value = torch.ones(src.numel(), dtype=dtype)
-        return torch.sparse_csr_tensor(
-            crow, src, value, (self.num_inner, self.num_inner + self.num_halo))
+        with warnings.catch_warnings():  # "CSR support is in beta"
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.sparse_csr_tensor(
+                crow, src, value, (self.num_inner, self.num_inner + self.num_halo),
+                check_invariants=False)
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}(rank={self.rank}/{self.num_parts}, "

@@ -44,7 +44,7 @@ import hashlib
 import inspect
 import os
 import os.path as osp
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -64,7 +64,7 @@ def synthetic_communities(
     long_range: float = 0.02,
     label_noise: float = 0.05,
     feature_noise: float = 6.0,
-    split: tuple = (0.3, 0.2),
+    split: Tuple[float, float] = (0.3, 0.2),
     seed: int = 0,
 ) -> Data:
     r"""Generates the community-structured node classification graph described
@@ -84,7 +84,8 @@ def synthetic_communities(
             next community on the ring.
         feature_noise (float): Noise scale :math:`\sigma` relative to the unit
             variance class centroids.
-        split (tuple): Train and validation fractions; the rest is test.
+        split (Tuple[float, float]): Train and validation fractions; the
+            rest is test.
         seed (int): Random seed; equal seeds give identical tensors.
 
     Returns:

@@ -1,26 +1,57 @@
 """Functions that run inside spawned ranks (importable, as spawn requires)."""
+import os
+import time
+
 import torch
 import torch.distributed as dist
 
 import pyg_dist
-from tests.models import build_model
+from tests.models import MODELS, build_model
 
 
-def forward_backward(root: str, name: str, seed: int, use_adj_t: bool):
-    r"""One forward/backward of a distributed model; returns the inner
-    outputs keyed by original node id, the loss and the weight gradients."""
-    rank = dist.get_rank()
-    part = pyg_dist.DistData.load(root, rank)
-    torch.manual_seed(seed)
-    model = build_model(name, part.num_features)
-    pyg_dist.nn.distribute(model, part)
-    out = model(part.x, part.adj_t if use_adj_t else part.edge_index)
-    loss_local = (out ** 2).sum() * 0.5 + out.sum()  # node-wise sum: exact total
-    loss = loss_local.detach().clone()
-    dist.all_reduce(loss)
-    loss_local.backward()
-    grads = {k: p.grad.clone() for k, p in model.named_parameters()}
-    for g in grads.values():
-        dist.all_reduce(g)
-    return {"n_id": part.n_id[:part.num_inner], "out": out.detach(),
-            "loss": float(loss), "grads": grads}
+def linear_loss(out: torch.Tensor, n_id: torch.Tensor) -> torch.Tensor:
+    r"""A loss that is a sum over nodes with fixed per-node weights, so the
+    distributed total is the sum of the ranks' parts."""
+    gen = torch.Generator().manual_seed(123)
+    weight = torch.randn(int(n_id.max()) + 10_000, out.size(1), generator=gen)
+    return (out * weight[n_id]).sum() / 100.0
+
+
+def forward_backward_all(root: str, seed: int):
+    r"""Every model of tests/models.py, through edge_index and adj_t: inner
+    outputs keyed by original id, the global loss and the summed gradients."""
+    part = pyg_dist.DistData.load(root, dist.get_rank())
+    results = {}
+    for name in MODELS:
+        for form in ("edge_index", "adj_t"):
+            torch.manual_seed(seed)
+            model = build_model(name, part.num_features)
+            pyg_dist.nn.distribute(model, part)
+            out = model(part.x, part[form])
+            loss = linear_loss(out, part.n_id[:part.num_inner])
+            loss.backward()
+            total = loss.detach().clone()
+            dist.all_reduce(total)
+            grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+            for g in grads.values():
+                dist.all_reduce(g)
+            results[name, form] = {"n_id": part.n_id[:part.num_inner],
+                                   "out": out.detach(), "loss": float(total),
+                                   "grads": grads}
+    return results
+
+
+def die_mid_epoch(root: str, victim: int):
+    r"""Trains; the victim rank exits abruptly after its first forward."""
+    part = pyg_dist.DistData.load(root, dist.get_rank())
+    model = pyg_dist.nn.distribute(build_model("GraphSAGE", part.num_features), part)
+    for step in range(100):
+        out = model(part.x, part.adj_t)
+        if step == 1 and dist.get_rank() == victim:
+            os._exit(3)
+        out.sum().backward()
+    return time.time()
+
+
+def wrong_world_size(root: str):
+    pyg_dist.DistData.load(root, dist.get_rank())

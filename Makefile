@@ -1,0 +1,28 @@
+# Two commands do everything: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch (a CUDA build: see README, "GPU").
+TORCH ?= torch==2.13.0
+
+.PHONY: install demo test bench clean
+
+$(BIN)/pyg-dist: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check $(TORCH)
+	$(BIN)/pip install -q --disable-pip-version-check -e ".[test]"
+	touch $@
+
+install: $(BIN)/pyg-dist
+
+demo: install
+	$(BIN)/pyg-dist demo --workdir runs/demo --nproc 4
+
+test: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench: install
+	$(BIN)/python benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) runs *.egg-info

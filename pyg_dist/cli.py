@@ -1,0 +1,153 @@
+"""``pyg-dist``: partition, inspect and train from the command line."""
+import argparse
+import json
+import os
+import os.path as osp
+import sys
+from typing import List, Optional
+
+import torch
+
+from pyg_dist.distributed import DEFAULT_TIMEOUT
+
+
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    from pyg_dist.train import MODELS, TrainConfig
+    d = TrainConfig()
+    p.add_argument("--model", choices=sorted(MODELS), default=d.model)
+    p.add_argument("--layers", type=int, default=d.num_layers, dest="num_layers")
+    p.add_argument("--hidden", type=int, default=d.hidden)
+    p.add_argument("--heads", type=int, default=d.heads, help="GAT attention heads")
+    p.add_argument("--dropout", type=float, default=d.dropout)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--eval-every", type=int, default=d.eval_every)
+    p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="spawn this many local ranks (default: one per partition; "
+                        "ignored under torchrun)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                   help="seconds a rank waits for a peer before failing")
+
+
+def _config(args: argparse.Namespace):
+    from pyg_dist.train import TrainConfig
+    return TrainConfig(model=args.model, num_layers=args.num_layers, hidden=args.hidden,
+                       heads=args.heads, dropout=args.dropout, lr=args.lr,
+                       weight_decay=args.weight_decay, epochs=args.epochs,
+                       seed=args.seed, eval_every=args.eval_every,
+                       progress=not args.no_progress)
+
+
+
+
+def run_training(root: str, config, out: Optional[str], nproc: Optional[int] = None,
+                 timeout: float = DEFAULT_TIMEOUT) -> dict:
+    r"""Trains under torchrun (environment present) or by spawning
+    :obj:`nproc` local ranks (default: one per partition)."""
+    from pyg_dist.distributed import init, spawn
+    from pyg_dist.partition.book import read_meta
+    from pyg_dist.train import train
+    config.validate()
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        init(timeout=timeout)
+        return train(root, config, out)
+    nproc = nproc or read_meta(root)["num_parts"]
+    if nproc == 1:
+        init(timeout=timeout)
+        return train(root, config, out)
+    return spawn(train, nproc, (root, config, out), timeout=timeout)[0]
+
+
+def _load_dataset(args: argparse.Namespace):
+    from pyg_dist.datasets import load_default
+    if args.dataset != "default":
+        raise SystemExit(f"Unknown dataset '{args.dataset}' (available: default)")
+    return load_default(args.data_dir, seed=args.data_seed,
+                        **({"num_nodes": args.num_nodes} if args.num_nodes else {}))
+
+
+def _add_dataset_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dataset", default="default",
+                   help="'default': the embedded synthetic community graph")
+    p.add_argument("--data-dir", default=None, help="dataset cache directory")
+    p.add_argument("--data-seed", type=int, default=0)
+    p.add_argument("--num-nodes", type=int, default=None,
+                   help="size of the generated default graph")
+
+
+def cmd_partition(args: argparse.Namespace) -> None:
+    from pyg_dist.partition import partition_graph
+    data = _load_dataset(args)
+    book = partition_graph(data, args.num_parts, method=args.method,
+                           objective=args.objective, root=args.root, seed=args.seed)
+    print(book.summary())
+    print(f"wrote {args.num_parts} partitions to {args.root}")
+
+
+def cmd_info(args: argparse.Namespace) -> None:
+    from pyg_dist.partition import PartitionBook
+    book = PartitionBook.load(args.root)
+    m = book.meta
+    print(f"{args.root}: {m['num_nodes']:,} nodes, {m['num_edges']:,} edges, "
+          f"{m['num_features']} features, {m['num_classes']} classes, "
+          f"{m['num_parts']} parts, graph {m['graph_hash']}")
+    print(book.summary())
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    summary = run_training(args.root, _config(args), args.out, args.nproc, args.timeout)
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=1))
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from pyg_dist.demo import demo
+    demo(args.workdir, nproc=args.nproc, epochs=args.epochs, num_nodes=args.num_nodes)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="pyg-dist", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("partition", help="partition a dataset into per-rank files")
+    _add_dataset_args(p)
+    p.add_argument("--num-parts", type=int, required=True)
+    p.add_argument("--method", default="metis", choices=["metis", "random"])
+    p.add_argument("--objective", default="vol", choices=["vol", "cut"])
+    p.add_argument("--root", required=True, help="output directory")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=cmd_partition)
+
+    p = sub.add_parser("info", help="show the statistics of a partition directory")
+    p.add_argument("root")
+    p.set_defaults(fn=cmd_info)
+
+    p = sub.add_parser("train", help="full-graph partition-parallel training")
+    p.add_argument("--root", required=True, help="partition directory")
+    p.add_argument("--out", default=None, help="directory for metrics and the model")
+    _add_train_args(p)
+    p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("demo", help="partition the default graph, train with 4 ranks "
+                                    "and compare with single-process PyG")
+    p.add_argument("--workdir", default="runs/demo")
+    p.add_argument("--nproc", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--num-nodes", type=int, default=None)
+    p.set_defaults(fn=cmd_demo)
+
+    args = parser.parse_args(argv)
+    try:
+        args.fn(args)
+    except (ValueError, RuntimeError, FileNotFoundError, NotImplementedError) as e:
+        print(f"pyg-dist {args.command}: error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""The ready-made full-graph training loop used by the CLI, notebooks and
+benchmarks, and its single-process PyG twin for comparisons."""
+import json
+import os
+import os.path as osp
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch_geometric.data import Data
+from torch_geometric.nn import GAT, GCN, GIN, GraphSAGE
+from torch_geometric.utils import to_torch_csr_tensor
+
+import pyg_dist
+from pyg_dist.metrics import peak_memory_bytes
+
+MODELS = {"gcn": GCN, "sage": GraphSAGE, "gat": GAT, "gin": GIN}
+MASKS = ("train", "val", "test")
+
+
+@dataclass
+class TrainConfig:
+    r"""Hyper-parameters of a full-graph training run."""
+    model: str = "sage"
+    num_layers: int = 3
+    hidden: int = 64
+    dropout: float = 0.5
+    lr: float = 0.01
+    weight_decay: float = 0.0
+    epochs: int = 50
+    seed: int = 0
+    eval_every: int = 1
+    heads: int = 4  # GAT only
+    progress: bool = True
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if self.model not in MODELS:
+            raise ValueError(f"Unknown model '{self.model}' (choose from {', '.join(MODELS)})")
+        for name in ("num_layers", "hidden", "epochs", "eval_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1) (got {self.dropout})")
+        if self.lr <= 0 or self.weight_decay < 0:
+            raise ValueError(f"lr must be > 0 and weight_decay >= 0 "
+                             f"(got {self.lr}, {self.weight_decay})")
+
+
+def build_model(config: TrainConfig, in_channels: int, out_channels: int) -> torch.nn.Module:
+    r"""A plain PyG BasicGNN; seeded, so every rank builds the same weights."""
+    torch.manual_seed(config.seed)
+    kwargs = {"heads": config.heads} if config.model == "gat" else {}
+    return MODELS[config.model](in_channels, config.hidden, config.num_layers,
+                                out_channels, dropout=config.dropout, **kwargs)
+
+
+def _allreduce_grads(params: List[Tensor], group=None) -> None:
+    r"""One bucketed all-reduce of all weight gradients (sum: the loss is
+    already normalised by the global train count)."""
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = _flatten_dense_tensors(grads)
+    dist.all_reduce(flat, group=group)
+    for p, g in zip(params, _unflatten_dense_tensors(flat, grads)):
+        p.grad = g
+
+
+def _broadcast_params(model: torch.nn.Module) -> None:
+    params = [p.data for p in model.parameters()]
+    flat = _flatten_dense_tensors(params)
+    dist.broadcast(flat, src=0)
+    for p, v in zip(params, _unflatten_dense_tensors(flat, params)):
+        p.copy_(v)
+
+
+def _correct_counts(out: Tensor, data: Data) -> Tensor:
+    pred = out.argmax(-1)
+    counts = []
+    for m in MASKS:
+        mask = data[f"{m}_mask"]
+        counts += [(pred[mask] == data.y[mask]).sum(), mask.sum()]
+    return torch.stack(counts).double()
+
+
+def _accuracies(counts: Tensor) -> Dict[str, float]:
+    return {f"{m}_acc": float(counts[2 * i] / counts[2 * i + 1].clamp(min=1))
+            for i, m in enumerate(MASKS)}
+
+
+def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict[str, Any]:
+    r"""Trains on the partitions in :obj:`root` as one rank of the current
+    process group (a world of one is created if none exists).
+
+    Loss: cross-entropy summed over this rank's train nodes divided by the
+    *global* train count, so the summed gradients equal single-process
+    training. Weight gradients are summed with one bucketed all-reduce.
+    Rank 0 writes ``out_dir/metrics.jsonl`` (one object per epoch),
+    ``out_dir/summary.json`` and ``out_dir/model.pt`` (a plain PyG
+    ``state_dict``, see :func:`load_model`). Returns the summary.
+    """
+    config.validate()
+    pyg_dist.init()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = pyg_dist.device()
+    data = pyg_dist.DistData.load(root, rank).to(device)
+    num_classes = int(data.y.max()) + 1
+    num_classes = int(max_over_ranks(torch.tensor([num_classes], device=device))[0])
+    model = build_model(config, data.num_features, num_classes).to(device)
+    _broadcast_params(model)
+    pyg_dist.nn.distribute(model, data)
+    stats = model.comm_stats
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+    num_train = int(sum_over_ranks(data.train_mask.sum().double())) or 1
+
+    writer = MetricsWriter(out_dir) if rank == 0 and out_dir else None
+    epochs = range(1, config.epochs + 1)
+    if rank == 0 and config.progress:
+        from tqdm import tqdm
+        epochs = tqdm(epochs, desc=f"train {config.model} x{world}", unit="epoch")
+    history = []
+    for epoch in epochs:
+        stats.reset()
+        start = time.perf_counter()
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        out = model(data.x, data.adj_t)
+        mask = data.train_mask
+        loss = F.cross_entropy(out[mask], data.y[mask], reduction="sum") / num_train
+        loss.backward()
+        if world > 1:
+            with stats.timer("reduce"):
+                _allreduce_grads(params)
+        optimizer.step()
+        step_time = time.perf_counter() - start
+        row = {"epoch": epoch}
+        sums = torch.tensor([loss.item(), stats.total_bytes_sent,
+                             stats.total_bytes_recv], dtype=torch.double, device=device)
+        maxes = torch.tensor([step_time, stats.time["comm"], stats.time["reduce"],
+                              peak_memory_bytes(device)], dtype=torch.double, device=device)
+        if epoch % config.eval_every == 0 or epoch == config.epochs:
+            model.eval()
+            with torch.no_grad():
+                sums = torch.cat([sums, _correct_counts(model(data.x, data.adj_t), data)])
+        sums, maxes = sum_over_ranks(sums), max_over_ranks(maxes)
+        row.update(loss=float(sums[0]), **(_accuracies(sums[3:]) if sums.numel() > 3 else
+                                          dict.fromkeys(f"{m}_acc" for m in MASKS)))
+        row.update(time=float(maxes[0]), time_comm=float(maxes[1]),
+                   time_reduce=float(maxes[2]),
+                   time_compute=float(maxes[0] - maxes[1] - maxes[2]),
+                   bytes_sent=int(sums[1]), bytes_recv=int(sums[2]),
+                   peak_mem_bytes=int(maxes[3]), world_size=world)
+        history.append(row)
+        if writer:
+            writer.epoch(row)
+        if rank == 0 and config.progress and hasattr(epochs, "set_postfix"):
+            epochs.set_postfix(loss=f"{row['loss']:.3f}", val=row["val_acc"])
+    summary = summarize(history, config, world)
+    if writer:
+        writer.finish(summary, model, config, data.num_features, num_classes)
+    return summary
+
+
+def sum_over_ranks(t: Tensor) -> Tensor:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return t
+
+
+def max_over_ranks(t: Tensor) -> Tensor:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t
+
+
+def summarize(history: List[Dict[str, Any]], config: TrainConfig, world: int) -> Dict[str, Any]:
+    r"""Final accuracies and the mean epoch time over epochs after the first
+    (which pays one-off costs such as building caches)."""
+    timed = history[1:] or history
+    mean = lambda k: sum(r[k] for r in timed) / len(timed)  # noqa: E731
+    last = history[-1]
+    evaluated = [r for r in history if r["val_acc"] is not None]
+    best = max(evaluated, key=lambda r: r["val_acc"]) if evaluated else last
+    return {
+        "world_size": world, "epochs": len(history), "config": asdict(config),
+        "final_loss": last["loss"], "train_acc": last["train_acc"],
+        "val_acc": last["val_acc"], "test_acc": last["test_acc"],
+        "best_val_acc": best["val_acc"], "test_acc_at_best_val": best["test_acc"],
+        "epoch_time": mean("time"), "time_compute": mean("time_compute"),
+        "time_comm": mean("time_comm"), "time_reduce": mean("time_reduce"),
+        "bytes_sent_per_epoch": mean("bytes_sent"),
+        "peak_mem_bytes": max(r["peak_mem_bytes"] for r in history),
+    }
+
+
+class MetricsWriter:
+    r"""Writes ``metrics.jsonl``, ``summary.json``, ``model.pt`` and
+    ``model.json`` (how to rebuild the model) into an output directory."""
+
+    def __init__(self, out_dir: str) -> None:
+        os.makedirs(out_dir, exist_ok=True)
+        self.out_dir = out_dir
+        self.file = open(osp.join(out_dir, "metrics.jsonl"), "w")
+
+    def epoch(self, row: Dict[str, Any]) -> None:
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+
+    def finish(self, summary: Dict[str, Any], model: torch.nn.Module,
+               config: TrainConfig, in_channels: int, out_channels: int) -> None:
+        self.file.close()
+        with open(osp.join(self.out_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+        torch.save(model.state_dict(), osp.join(self.out_dir, "model.pt"))
+        with open(osp.join(self.out_dir, "model.json"), "w") as f:
+            json.dump({"config": asdict(config), "in_channels": in_channels,
+                       "out_channels": out_channels}, f, indent=1)
+
+
+def load_model(out_dir: str) -> torch.nn.Module:
+    r"""Rebuilds a trained model as a plain PyG model (any number of
+    partitions, or none); distribute it again for distributed inference."""
+    with open(osp.join(out_dir, "model.json")) as f:
+        spec = json.load(f)
+    model = build_model(TrainConfig(**spec["config"]), spec["in_channels"],
+                        spec["out_channels"])
+    model.load_state_dict(torch.load(osp.join(out_dir, "model.pt"), weights_only=True))
+    return model
+
+
+def train_single_process(data: Data, config: TrainConfig):
+    r"""The same training in plain single-process PyG on the whole graph,
+    in its fastest configuration (fused CSR ``adj_t``), for comparisons.
+    Returns ``(summary, model)``."""
+    config.validate()
+    num_classes = int(data.y.max()) + 1
+    model = build_model(config, data.num_features, num_classes)
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
+                                 weight_decay=config.weight_decay)
+    adj_t = to_torch_csr_tensor(data.edge_index.flip(0), size=(data.num_nodes, data.num_nodes))
+    num_train = int(data.train_mask.sum())
+    history = []
+    for epoch in range(1, config.epochs + 1):
+        start = time.perf_counter()
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        out = model(data.x, adj_t)
+        mask = data.train_mask
+        loss = F.cross_entropy(out[mask], data.y[mask], reduction="sum") / num_train
+        loss.backward()
+        optimizer.step()
+        row = {"epoch": epoch, "loss": loss.item(), "time": time.perf_counter() - start,
+               "time_comm": 0.0, "time_reduce": 0.0, "bytes_sent": 0,
+               "peak_mem_bytes": peak_memory_bytes()}
+        row["time_compute"] = row["time"]
+        if epoch % config.eval_every == 0 or epoch == config.epochs:
+            model.eval()
+            with torch.no_grad():
+                row.update(_accuracies(_correct_counts(model(data.x, adj_t), data)))
+        else:
+            row.update(dict.fromkeys(f"{m}_acc" for m in MASKS))
+        history.append(row)
+    return summarize(history, config, 1), model

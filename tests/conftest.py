@@ -1,0 +1,26 @@
+import pytest
+import torch
+
+from pyg_dist.datasets import synthetic_communities
+
+
+def small_graph(num_nodes: int = 240, seed: int = 0, directed: bool = False):
+    r"""A small community graph with masks; optionally made directed by
+    dropping one direction of a third of the edges."""
+    data = synthetic_communities(num_nodes=num_nodes, num_classes=5, num_features=12,
+                                 num_communities=8, avg_degree=8, seed=seed)
+    if directed:
+        gen = torch.Generator().manual_seed(seed)
+        keep = torch.rand(data.num_edges, generator=gen) > 0.33
+        data.edge_index = data.edge_index[:, keep]
+    return data
+
+
+@pytest.fixture(scope="session")
+def graph():
+    return small_graph()
+
+
+@pytest.fixture(scope="session")
+def directed_graph():
+    return small_graph(directed=True, seed=1)
