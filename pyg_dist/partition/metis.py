@@ -28,15 +28,20 @@ def metis_assignment(
     num_nodes: int,
     num_parts: int,
     objective: str = "vol",
-    vertex_weights: Optional[Tensor] = None,
+    balance_masks: Optional[Tensor] = None,
     seed: int = 0,
+    tolerance: float = 0.03,
 ) -> Tensor:
-    r"""Partitions the graph with METIS' k-way algorithm.
+    r"""Partitions the graph with METIS' k-way algorithm (recursive
+    bisection cannot minimise the communication volume, ``objtype=vol``).
 
-    ``vertex_weights`` is a ``[num_nodes, ncon]`` integer matrix: METIS then
-    balances every column at once (multi-constraint partitioning, as DistDGL
-    does for train/val/test counts). k-way is used because recursive
-    bisection cannot minimise the communication volume (``objtype=vol``).
+    ``balance_masks`` is a ``[num_nodes, k]`` boolean matrix whose columns
+    (e.g. train/val/test) must each be spread evenly over the parts, as
+    DistDGL's multi-constraint partitioning does. pymetis passes a single
+    balance constraint to METIS, so the columns are balanced by
+    :func:`rebalance` after METIS, moving the fewest, best-connected nodes
+    until every column is within :obj:`tolerance` of the mean (METIS' own
+    default imbalance tolerance).
     """
     if num_parts == 1:
         return torch.zeros(num_nodes, dtype=torch.long)
@@ -48,17 +53,66 @@ def metis_assignment(
 
     objtype = pymetis.ObjType.VOL if objective == "vol" else pymetis.ObjType.CUT
     options = pymetis.Options(seed=int(seed), objtype=int(objtype))
-    vweights = None
-    if vertex_weights is not None:
-        vweights = np.ascontiguousarray(vertex_weights.numpy().astype(np.int64).ravel())
     _, parts = pymetis.part_graph(
         num_parts,
         pymetis.CSRAdjacency(adj_starts=rowptr.numpy(), adjacent=col.numpy()),
-        vweights=vweights,
         recursive=False,
         options=options,
     )
-    return torch.as_tensor(np.asarray(parts), dtype=torch.long)
+    assignment = torch.as_tensor(np.asarray(parts), dtype=torch.long)
+    if balance_masks is not None:
+        rebalance(assignment, rowptr, col, balance_masks, num_parts, tolerance)
+    return assignment
+
+
+def rebalance(assignment: Tensor, rowptr: Tensor, col: Tensor, masks: Tensor,
+              num_parts: int, tolerance: float = 0.03) -> Tensor:
+    r"""Moves nodes (in place) until, for every mask column :math:`c`, each
+    part holds at most :math:`\lceil (1 + \epsilon) |c| / K \rceil` of its
+    nodes. Nodes leave over-full parts in order of gain (neighbours in the
+    destination minus neighbours at home), to the under-full part holding
+    most of their neighbours, so the cut grows as little as possible."""
+    deg = rowptr[1:] - rowptr[:-1]
+    for mask in masks.t().bool():
+        target = float(mask.sum()) / num_parts
+        cap = int(np.ceil(target * (1 + tolerance)))
+        counts = torch.bincount(assignment[mask], minlength=num_parts)
+        if counts.max() <= cap:
+            continue
+        over = counts > cap
+        nodes = (mask & over[assignment]).nonzero().view(-1)
+        # Neighbour histogram over parts for every candidate node.
+        src = torch.repeat_interleave(torch.arange(nodes.numel()), deg[nodes])
+        nbr = _gather_neighbours(rowptr, col, nodes)
+        hist = torch.zeros(nodes.numel(), num_parts)
+        hist.index_put_((src, assignment[nbr]), torch.ones(src.numel()), accumulate=True)
+        home = hist[torch.arange(nodes.numel()), assignment[nodes]]
+        hist[:, over] = -float("inf")  # only under-full parts receive
+        best_gain, best_part = (hist - home.unsqueeze(1)).max(1)
+        room = (cap - counts).clamp(min=0)
+        excess = (counts - cap).clamp(min=0)
+        for i in torch.argsort(best_gain, descending=True, stable=True).tolist():
+            v, src_part = int(nodes[i]), int(assignment[nodes[i]])
+            if excess[src_part] == 0:
+                continue
+            dst = int(best_part[i])
+            if room[dst] == 0:  # preferred part full: the emptiest one
+                dst = int(torch.argmax(room))
+            assignment[v] = dst
+            excess[src_part] -= 1
+            room[dst] -= 1
+            if int(excess.sum()) == 0:
+                break
+    return assignment
+
+
+def _gather_neighbours(rowptr: Tensor, col: Tensor, nodes: Tensor) -> Tensor:
+    r"""``col`` entries of the CSR rows :obj:`nodes`, concatenated."""
+    deg = rowptr[nodes + 1] - rowptr[nodes]
+    starts = torch.repeat_interleave(rowptr[nodes], deg)
+    offsets = torch.arange(int(deg.sum())) - torch.repeat_interleave(
+        torch.cumsum(deg, 0) - deg, deg)
+    return col[starts + offsets]
 
 
 def random_assignment(num_nodes: int, num_parts: int, seed: int = 0) -> Tensor:
@@ -70,15 +124,12 @@ def random_assignment(num_nodes: int, num_parts: int, seed: int = 0) -> Tensor:
     return parts
 
 
-def _compiled_metis(rowptr: Tensor, col: Tensor, num_parts: int,
-                    vertex_weights: Optional[Tensor]) -> Tensor:
-    r"""METIS from pyg-lib or torch-sparse when pymetis is missing. Both only
-    expose the edge-cut objective with one balance constraint, so the total
-    of the ``vertex_weights`` columns is balanced instead."""
-    node_weight = None if vertex_weights is None else vertex_weights.sum(1)
+def _compiled_metis(rowptr: Tensor, col: Tensor, num_parts: int) -> Tensor:
+    r"""METIS from pyg-lib or torch-sparse when pymetis is missing (both
+    only expose the edge-cut objective)."""
     try:
         import pyg_lib
-        return pyg_lib.partition.metis(rowptr, col, num_parts, node_weight)
+        return pyg_lib.partition.metis(rowptr, col, num_parts)
     except ImportError:
         pass
     try:
@@ -86,5 +137,4 @@ def _compiled_metis(rowptr: Tensor, col: Tensor, num_parts: int,
     except ImportError:
         raise ImportError("METIS partitioning needs 'pymetis' "
                           "(pip install pymetis)") from None
-    return torch.ops.torch_sparse.partition(rowptr, col, None, node_weight,
-                                            num_parts, False)
+    return torch.ops.torch_sparse.partition(rowptr, col, None, num_parts, False)

@@ -72,7 +72,7 @@ def partition_graph(
     METIS minimises the total communication volume
     :math:`\sum_r |\mathrm{halo}(r)|` (``objective="vol"``) or the edge cut
     (``"cut"``) on the symmetrised graph, while balancing the node count and
-    every mask named in :obj:`balance` (multi-constraint vertex weights).
+    every mask named in :obj:`balance` (DistDGL's multi-constraint balance).
 
     Directed graphs are accepted: METIS sees the symmetrised structure, and
     message passing follows the edge directions as given. Missing masks
@@ -84,10 +84,10 @@ def partition_graph(
     num_nodes, edge_index = data.num_nodes, data.edge_index
 
     if method == "metis":
-        weights = [torch.ones(num_nodes, dtype=torch.long)]
-        weights += [getattr(data, key).long().view(-1) for key in balance]
-        assignment = metis_assignment(edge_index, num_nodes, num_parts,
-                                      objective, torch.stack(weights, 1), seed)
+        masks = torch.stack([getattr(data, key).view(-1).bool() for key in balance],
+                            1) if balance else None
+        assignment = metis_assignment(edge_index, num_nodes, num_parts, objective,
+                                      masks, seed)
     else:
         assignment = random_assignment(num_nodes, num_parts, seed)
 

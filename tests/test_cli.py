@@ -1,0 +1,48 @@
+"""The console script end to end: partition, info, train with spawned ranks."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+METRIC_KEYS = {"epoch", "loss", "train_acc", "val_acc", "test_acc", "time",
+               "time_compute", "time_comm", "time_reduce", "bytes_sent",
+               "peak_mem_bytes"}
+
+
+def run(*args, check=True):
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    return subprocess.run([sys.executable, "-m", "pyg_dist.cli", *args], env=env,
+                          capture_output=True, text=True, timeout=300, check=check)
+
+
+def test_partition_info_train(tmp_path):
+    root, out = str(tmp_path / "parts"), str(tmp_path / "run")
+    p = run("partition", "--num-nodes", "3000", "--num-parts", "2", "--root", root,
+            "--data-dir", str(tmp_path / "data"))
+    assert "halo/inner" in p.stdout and "edge_cut" in p.stdout
+    assert "comm_volume" in run("info", root).stdout
+    run("train", "--root", root, "--out", out, "--epochs", "3", "--hidden", "16",
+        "--no-progress", "--model", "gcn")
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    assert all(METRIC_KEYS <= set(r) for r in rows)
+    assert rows[-1]["world_size"] == 2 and rows[-1]["bytes_sent"] > 0
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    assert summary["world_size"] == 2 and 0.0 <= summary["test_acc"] <= 1.0
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "mlp"], "invalid choice"),
+    (["--dropout", "1.5"], "dropout must be in [0, 1)"),
+    (["--lr", "0"], "lr must be > 0"),
+])
+def test_bad_hyper_parameters(tmp_path, args, message):
+    p = run("train", "--root", str(tmp_path), *args, check=False)
+    assert p.returncode != 0 and message in p.stderr
+
+
+def test_missing_partition_dir(tmp_path):
+    p = run("train", "--root", str(tmp_path / "none"), check=False)
+    assert p.returncode == 1 and "meta.json" in p.stderr
