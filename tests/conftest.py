@@ -16,6 +16,14 @@ def small_graph(num_nodes: int = 240, seed: int = 0, directed: bool = False):
     return data
 
 
+@pytest.fixture(autouse=True)
+def no_leftover_process_group():
+    r"""Tests that join a world of one in this process leave none behind."""
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 @pytest.fixture(scope="session")
 def graph():
     return small_graph()

@@ -17,7 +17,8 @@ def test_deterministic_for_a_seed(graph, tmp_path):
     partition_graph(graph, 3, seed=7, root=str(tmp_path / "a"))
     partition_graph(graph, 3, seed=7, root=str(tmp_path / "b"))
     for r in range(3):
-        pa, pb = DistData.load(str(tmp_path / "a"), r), DistData.load(str(tmp_path / "b"), r)
+        pa = DistData.load(str(tmp_path / "a"), r, world_size=3)
+        pb = DistData.load(str(tmp_path / "b"), r, world_size=3)
         assert torch.equal(pa.edge_index, pb.edge_index) and torch.equal(pa.n_id, pb.n_id)
 
 
@@ -51,7 +52,7 @@ def test_halo_statistics_equal_brute_force(graph, tmp_path, method):
     assignment = book.owner(book.inv_perm).tolist()  # original id -> part
     volume = 0
     for r in range(3):
-        part = DistData.load(root, r)
+        part = DistData.load(root, r, world_size=3)
         halo = _brute_force_halo(graph, assignment, r)
         assert part.num_halo == book.stats[r]["num_halo"] == len(halo)
         assert set(part.n_id[part.num_inner:].tolist()) == halo
@@ -71,7 +72,7 @@ def test_halo_statistics_equal_brute_force(graph, tmp_path, method):
     cut = sum(assignment[s] != assignment[d] for s, d in graph.edge_index.t().tolist())
     assert book.meta["comm_volume"] == volume and book.meta["edge_cut"] == cut
     # what r sends to q is exactly q's halo owned by r, in q's halo order
-    parts = [DistData.load(root, r) for r in range(3)]
+    parts = [DistData.load(root, r, world_size=3) for r in range(3)]
     for r, p in enumerate(parts):
         sends = p.send_index.split(p.send_counts.tolist())
         for q, idx in enumerate(sends):
@@ -103,7 +104,7 @@ def test_edge_attributes_follow_their_edges(tmp_path):
     lookup = {(s, d): w for (s, d), w in zip(data.edge_index.t().tolist(),
                                              data.edge_weight.tolist())}
     for r in range(2):
-        part = DistData.load(str(tmp_path), r)
+        part = DistData.load(str(tmp_path), r, world_size=2)
         src, dst = part.n_id[part.edge_index[0]], part.n_id[part.edge_index[1]]
         for s, d, w in zip(src.tolist(), dst.tolist(), part.edge_weight.tolist()):
             assert lookup[s, d] == w
@@ -136,31 +137,31 @@ def test_load_refuses_mismatches(graph, tmp_path):
     with pytest.raises(RuntimeError, match="holds 2 partitions but the world size is 3"):
         DistData.load(a, 0, world_size=3)
     with pytest.raises(FileNotFoundError, match="meta.json"):
-        DistData.load(str(tmp_path / "nothing"), 0)
+        DistData.load(str(tmp_path / "nothing"), 0, world_size=2)
     # a part file of another graph
     import shutil
     shutil.copy(osp.join(b, "part_1.pt"), osp.join(a, "part_1.pt"))
     with pytest.raises(RuntimeError, match="graph_hash"):
-        DistData.load(a, 1)
+        DistData.load(a, 1, world_size=2)
     # missing and truncated files
     shutil.copy(osp.join(b, "part_0.pt"), osp.join(tmp_path, "keep.pt"))
     osp.exists(osp.join(b, "part_0.pt")) and __import__("os").remove(osp.join(b, "part_0.pt"))
     with pytest.raises(FileNotFoundError, match="part_0.pt"):
-        DistData.load(b, 0)
+        DistData.load(b, 0, world_size=2)
     with open(osp.join(b, "part_1.pt"), "r+b") as f:
         f.truncate(100)
     with pytest.raises(RuntimeError, match="corrupt, truncated"):
-        DistData.load(b, 1)
+        DistData.load(b, 1, world_size=2)
     meta = json.load(open(osp.join(a, "meta.json")))
     meta["format_version"] = 99
     json.dump(meta, open(osp.join(a, "meta.json"), "w"))
     with pytest.raises(RuntimeError, match="format version 99"):
-        DistData.load(a, 0)
+        DistData.load(a, 0, world_size=2)
 
 
 def test_distribute_needs_matching_group(graph, tmp_path):
     partition_graph(graph, 2, root=str(tmp_path))
-    part = DistData.load(str(tmp_path), 0)
+    part = DistData.load(str(tmp_path), 0, world_size=2)
     from torch_geometric.nn import GraphSAGE
     with pytest.raises(RuntimeError, match="2 parts but the process group has 1"):
         pyg_dist.nn.distribute(GraphSAGE(part.num_features, 8, 2, 3), part)
