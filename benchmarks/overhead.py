@@ -1,0 +1,195 @@
+r"""What does partition-parallel training cost over plain PyG?
+
+On the embedded default graph (:func:`pyg_dist.datasets.load_default`, 100K
+nodes and ~2M directed edges unless ``--num-nodes`` shrinks it), this trains
+one :class:`~pyg_dist.train.TrainConfig` (3-layer GraphSAGE, hidden 64,
+dropout 0.5; evaluation only in the last epoch, so an epoch's time is the
+training step: forward, backward, gradient all-reduce and optimizer step):
+
+1. **single-process PyG** in its fastest configuration
+   (:func:`~pyg_dist.train.train_single_process`: fused CSR ``adj_t``),
+2. **pyg_dist with 1 partition**: the pure framework overhead (no halo, no
+   peers; the target is at most 1.15x of 1.),
+3. **pyg_dist with K partitions** (``--parts``, default ``1 2 4``): METIS
+   partitions written to ``--workdir/parts{K}``, trained with
+   :func:`pyg_dist.cli.run_training` (one spawned process per partition).
+   Per-epoch rows are read back from ``--workdir/run{K}/metrics.jsonl``.
+
+Reported per configuration: epoch time (mean and median over the epochs
+after the first, which pays one-off costs), its ratio to single-process PyG,
+the compute / halo-exchange / gradient all-reduce split (max over ranks), the
+bytes all ranks send per epoch, the peak resident memory of the busiest rank
+and the final test accuracy. Every configuration runs in a fresh process, so
+peak memory (``ru_maxrss``) is that run's own. The JSON also keeps every
+epoch time and the 1-minute load average before and after each run: other
+processes inflate multi-threaded timings badly (a descheduled OpenMP thread
+stalls the whole op), so only compare runs taken on a quiet machine.
+
+Threads: every configuration gets the machine's ``os.cpu_count()`` cores, a
+K-rank run ``cores // K`` intra-op threads per rank (as
+:func:`pyg_dist.spawn` sets). On a small machine (e.g. 2 cores) ranks share
+the cores, so K > cores measures overheads, not speed-up.
+
+Usage::
+
+    python benchmarks/overhead.py                      # default size
+    python benchmarks/overhead.py --num-nodes 20000 --epochs 5   # quick run
+"""
+import argparse
+import datetime
+import json
+import os
+import os.path as osp
+import platform
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+import torch_geometric
+
+import pyg_dist
+import pyg_dist.train as T
+from pyg_dist.train import TrainConfig
+
+MiB = 2**20
+RESULTS = osp.join(osp.dirname(osp.abspath(__file__)), "results", "overhead.json")
+
+
+def load_data(data_dir: Optional[str], num_nodes: Optional[int]):
+    from pyg_dist.datasets import load_default
+    return load_default(data_dir, **({"num_nodes": num_nodes} if num_nodes else {}))
+
+
+def isolated(fn: Callable, *args) -> Any:
+    r"""Runs ``fn(*args)`` in a fresh process (own peak RSS, own threads);
+    returns its result and the 1-minute load average around it."""
+    load = os.getloadavg()[0]
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+        out = pool.submit(fn, *args).result()
+    return out, [load, os.getloadavg()[0]]
+
+
+def run_single(data_dir: Optional[str], num_nodes: Optional[int],
+               config: TrainConfig) -> List[Dict[str, Any]]:
+    torch.set_num_threads(os.cpu_count() or 1)
+    data = load_data(data_dir, num_nodes)
+    # train_single_process() only returns the summary: capture its per-epoch
+    # rows from its summarize() call.
+    history, summarize = [], T.summarize
+
+    def capture(rows, *args):
+        history.extend(rows)
+        return summarize(rows, *args)
+
+    T.summarize = capture
+    try:
+        T.train_single_process(data, config)
+    finally:
+        T.summarize = summarize
+    return history
+
+
+def run_dist(root: str, config: TrainConfig, out_dir: str,
+             nproc: int) -> List[Dict[str, Any]]:
+    from pyg_dist.cli import run_training
+    if nproc == 1:  # runs in this process; spawned ranks set their own
+        torch.set_num_threads(os.cpu_count() or 1)
+    run_training(root, config, out_dir, nproc)
+    with open(osp.join(out_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def row(name: str, ranks: int, history: List[Dict[str, Any]],
+        load: List[float]) -> Dict[str, Any]:
+    timed = history[1:] or history  # skip the warm-up epoch
+    mean = lambda k: statistics.fmean(r[k] for r in timed)  # noqa: E731
+    return {
+        "name": name, "ranks": ranks,
+        "threads_per_rank": max(1, (os.cpu_count() or 1) // ranks),
+        "epoch_time_mean": mean("time"),
+        "epoch_time_median": statistics.median(r["time"] for r in timed),
+        "time_compute": mean("time_compute"), "time_comm": mean("time_comm"),
+        "time_reduce": mean("time_reduce"),
+        "sent_mib_per_epoch": mean("bytes_sent") / MiB,
+        "peak_mem_mib_per_rank": max(r["peak_mem_bytes"] for r in history) / MiB,
+        "test_acc": history[-1]["test_acc"],
+        "epoch_times": [r["time"] for r in history],
+        "load_avg_before_after": load,
+    }
+
+
+def markdown(rows: List[Dict[str, Any]]) -> str:
+    head = ("| configuration | ranks x threads | epoch s (mean) | epoch s (median) "
+            "| x PyG | compute s | comm s | reduce s | sent MiB/epoch "
+            "| peak MiB/rank | test acc |")
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['name']} | {r['ranks']} x {r['threads_per_rank']} "
+            f"| {r['epoch_time_mean']:.3f} | {r['epoch_time_median']:.3f} "
+            f"| {r['ratio']:.2f} | {r['time_compute']:.3f} | {r['time_comm']:.3f} "
+            f"| {r['time_reduce']:.3f} | {r['sent_mib_per_epoch']:.1f} "
+            f"| {r['peak_mem_mib_per_rank']:.0f} | {r['test_acc']:.4f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parts", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--num-nodes", type=int, default=None,
+                        help="shrink the default graph (default: 100K nodes)")
+    parser.add_argument("--data-dir", default=None, help="dataset cache directory")
+    parser.add_argument("--workdir", default="runs/bench_overhead")
+    parser.add_argument("--output", default=RESULTS, help="JSON results file")
+    args = parser.parse_args()
+
+    config = TrainConfig(model="sage", num_layers=3, hidden=args.hidden, dropout=0.5,
+                         epochs=args.epochs, eval_every=args.epochs, progress=False)
+    data = load_data(args.data_dir, args.num_nodes)
+    print(f"graph: {data.num_nodes:,} nodes, {data.num_edges:,} edges, "
+          f"{data.num_features} features; {os.cpu_count()} cores; "
+          f"{args.epochs} epochs, SAGE x{config.num_layers} hidden {args.hidden}")
+
+    rows = [row("PyG (single process)", 1,
+                *isolated(run_single, args.data_dir, args.num_nodes, config))]
+    print(f"PyG: {rows[0]['epoch_time_mean']:.3f} s/epoch")
+    for k in args.parts:
+        root = osp.join(args.workdir, f"parts{k}")
+        start = time.perf_counter()
+        book = pyg_dist.partition_graph(data, k, method="metis", root=root)
+        part_time = time.perf_counter() - start
+        out = isolated(run_dist, root, config, osp.join(args.workdir, f"run{k}"), k)
+        rows.append(row(f"pyg_dist, {k} part{'s' * (k > 1)}", k, *out))
+        rows[-1].update(partition_s=part_time, edge_cut_ratio=book.meta["edge_cut_ratio"],
+                        halo_nodes=book.meta["comm_volume"])
+        print(f"pyg_dist x{k}: {rows[-1]['epoch_time_mean']:.3f} s/epoch "
+              f"(METIS {part_time:.1f} s)")
+    for r in rows:
+        r["ratio"] = r["epoch_time_mean"] / rows[0]["epoch_time_mean"]
+        r["ratio_median"] = r["epoch_time_median"] / rows[0]["epoch_time_median"]
+
+    print("\n" + markdown(rows))
+    one = next((r for r in rows if r["name"] == "pyg_dist, 1 part"), None)
+    if one is not None:
+        print(f"\n1-partition overhead: {one['ratio']:.3f}x mean, "
+              f"{one['ratio_median']:.3f}x median (target <= 1.15x)")
+    machine = {"cpu_count": os.cpu_count(), "platform": platform.platform(),
+               "python": platform.python_version(), "torch": torch.__version__,
+               "torch_geometric": torch_geometric.__version__,
+               "pyg_dist": pyg_dist.__version__,
+               "date": datetime.datetime.now().isoformat(timespec="seconds"),
+               "num_nodes": data.num_nodes, "num_edges": data.num_edges}
+    os.makedirs(osp.dirname(osp.abspath(args.output)), exist_ok=True)
+    with open(args.output, "w") as f:
+        json.dump({"machine": machine, "args": vars(args), "rows": rows}, f, indent=1)
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
