@@ -46,6 +46,8 @@ class DistContext:
                 f"Layer '{key}' received {x.size(0)} node rows, but this rank "
                 f"owns {self.num_inner} inner nodes: pass the rank's inner "
                 f"rows (e.g. DistData.x), not the whole graph")
+        if self.num_src == self.num_inner:  # no halo: skip a full copy of x
+            return x
         return torch.cat([x, self.fetch(key, x)], dim=0)
 
     def is_local_graph(self, edge_index) -> bool:
