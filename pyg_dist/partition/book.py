@@ -55,7 +55,7 @@ class PartitionBook:
         for s in self.stats:
             lines.append(f"{s['part']:>4} {s['num_inner']:>10,} {s['num_halo']:>10,} "
                          f"{s['halo_ratio']:>10.3f} {s['num_edges']:>12,} "
-                         f"{s['num_train']:>8,}")
+                         f"{s.get('num_train', 0):>8,}")
         m = self.meta
         lines.append(f"method={m.get('method')} objective={m.get('objective')} "
                      f"edge_cut={m.get('edge_cut', 0):,} "

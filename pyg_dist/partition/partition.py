@@ -161,7 +161,6 @@ def partition_graph(
             **{f"num_{k.split('_')[0]}": int(m[inner_orig].sum())
                for k, m in masks.items()},
         })
-    part_stats = [{"num_train": 0, **s} for s in part_stats]
 
     edge_cut = int((assignment[edge_index[0]] != assignment[edge_index[1]]).sum())
     y = getattr(data, "y", None)
