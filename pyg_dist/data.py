@@ -1,6 +1,5 @@
 """``DistData``: one rank's partition as a PyG ``Data`` object."""
 import os.path as osp
-import warnings
 from typing import Optional
 
 import torch
@@ -8,6 +7,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch_geometric.data import Data
 
+from pyg_dist.comm.plan import csr
 from pyg_dist.partition.book import FORMAT_VERSION, part_file, read_meta, safe_load
 
 # Per-partition bookkeeping kept as attributes but not node/edge features.
@@ -99,17 +99,8 @@ class DistData(Data):
         ``torch.sparse`` CSR matrix; :obj:`edge_index` must be sorted by
         (target, source) like :obj:`self.edge_index`."""
         edge_index = self.edge_index if edge_index is None else edge_index
-        src, dst = edge_index
-        crow = torch.zeros(self.num_inner + 1, dtype=torch.long)
-        crow[1:] = torch.bincount(dst, minlength=self.num_inner).cumsum(0)
-        if value is None:
-            dtype = self.x.dtype if self.x is not None else torch.float
-            value = torch.ones(src.numel(), dtype=dtype)
-        with warnings.catch_warnings():  # "CSR support is in beta"
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.sparse_csr_tensor(
-                crow, src, value, (self.num_inner, self.num_inner + self.num_halo),
-                check_invariants=False)
+        dtype = self.x.dtype if self.x is not None else torch.float
+        return csr(edge_index, value, self.num_inner, self.num_inner + self.num_halo, dtype)
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}(rank={self.rank}/{self.num_parts}, "

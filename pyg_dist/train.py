@@ -17,7 +17,8 @@ from torch_geometric.nn import GAT, GCN, GIN, GraphSAGE
 from torch_geometric.utils import to_torch_csr_tensor
 
 import pyg_dist
-from pyg_dist.metrics import peak_memory_bytes
+from pyg_dist.metrics import peak_memory_bytes, reset_peak_memory
+from pyg_dist.sampler import SAMPLERS, build_sampler, sampler_params
 
 MODELS = {"gcn": GCN, "sage": GraphSAGE, "gat": GAT, "gin": GIN}
 MASKS = ("train", "val", "test")
@@ -38,6 +39,9 @@ class TrainConfig:
     heads: int = 4  # GAT only
     progress: bool = True
     extra: Dict[str, Any] = field(default_factory=dict)
+    sampler: str = "full"  # a key of pyg_dist.sampler.SAMPLERS
+    sampler_args: Dict[str, Any] = field(default_factory=dict)
+    precompute_layer0: bool = False
 
     def validate(self) -> None:
         if self.model not in MODELS:
@@ -50,6 +54,13 @@ class TrainConfig:
         if self.lr <= 0 or self.weight_decay < 0:
             raise ValueError(f"lr must be > 0 and weight_decay >= 0 "
                              f"(got {self.lr}, {self.weight_decay})")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"Unknown sampler '{self.sampler}' "
+                             f"(choose from {', '.join(SAMPLERS)})")
+        unknown = set(self.sampler_args) - set(sampler_params(self.sampler))
+        if unknown:
+            raise ValueError(f"Sampler '{self.sampler}' takes no parameter(s) "
+                             f"{sorted(unknown)}")
 
 
 def build_model(config: TrainConfig, in_channels: int, out_channels: int) -> torch.nn.Module:
@@ -76,6 +87,17 @@ def _broadcast_params(model: torch.nn.Module) -> None:
     dist.broadcast(flat, src=0)
     for p, v in zip(params, _unflatten_dense_tensors(flat, params)):
         p.copy_(v)
+
+
+def _forward_backward(model: torch.nn.Module, adj, data: Data, num_train: int) -> Tensor:
+    r"""One training forward and backward; the loss is summed over the train
+    nodes given and divided by the global train count."""
+    model.train()
+    out = model(data.x, adj)
+    mask = data.train_mask
+    loss = F.cross_entropy(out[mask], data.y[mask], reduction="sum") / num_train
+    loss.backward()
+    return loss
 
 
 def _correct_counts(out: Tensor, data: Data) -> Tensor:
@@ -112,8 +134,11 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     num_classes = int(max_over_ranks(torch.tensor([num_classes], device=device))[0])
     model = build_model(config, data.num_features, num_classes).to(device)
     _broadcast_params(model)
-    pyg_dist.nn.distribute(model, data)
-    stats = model.comm_stats
+    pyg_dist.nn.distribute(model, data, precompute_layer0=config.precompute_layer0)
+    ctx, stats = model.dist_context, model.comm_stats
+    sampler = build_sampler(config.sampler, data, seed=config.seed, stats=stats,
+                            **config.sampler_args)
+    sampler.attach(ctx)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
     num_train = int(sum_over_ranks(data.train_mask.sum().double())) or 1
@@ -126,35 +151,38 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     history = []
     for epoch in epochs:
         stats.reset()
+        reset_peak_memory(device)
         start = time.perf_counter()
-        model.train()
         optimizer.zero_grad(set_to_none=True)
-        out = model(data.x, data.adj_t)
-        mask = data.train_mask
-        loss = F.cross_entropy(out[mask], data.y[mask], reduction="sum") / num_train
-        loss.backward()
+        with stats.timer("sample"):
+            plan = sampler.plan(epoch - 1)
+        with ctx.use(plan):
+            loss = _forward_backward(model, data.adj_t, data, num_train)
         if world > 1:
             with stats.timer("reduce"):
                 _allreduce_grads(params)
         optimizer.step()
         step_time = time.perf_counter() - start
         row = {"epoch": epoch}
-        sums = torch.tensor([loss.item(), stats.total_bytes_sent,
-                             stats.total_bytes_recv], dtype=torch.double, device=device)
+        sums = torch.tensor([loss.item(), stats.total_bytes_sent, stats.total_bytes_recv,
+                             plan.num_recv, data.num_halo],
+                            dtype=torch.double, device=device)
         maxes = torch.tensor([step_time, stats.time["comm"], stats.time["reduce"],
-                              peak_memory_bytes(device)], dtype=torch.double, device=device)
+                              stats.time["sample"], peak_memory_bytes(device)],
+                             dtype=torch.double, device=device)
         if epoch % config.eval_every == 0 or epoch == config.epochs:
-            model.eval()
+            model.eval()  # always on the exact plan
             with torch.no_grad():
                 sums = torch.cat([sums, _correct_counts(model(data.x, data.adj_t), data)])
         sums, maxes = sum_over_ranks(sums), max_over_ranks(maxes)
-        row.update(loss=float(sums[0]), **(_accuracies(sums[3:]) if sums.numel() > 3 else
+        row.update(loss=float(sums[0]), **(_accuracies(sums[5:]) if sums.numel() > 5 else
                                           dict.fromkeys(f"{m}_acc" for m in MASKS)))
         row.update(time=float(maxes[0]), time_comm=float(maxes[1]),
-                   time_reduce=float(maxes[2]),
-                   time_compute=float(maxes[0] - maxes[1] - maxes[2]),
+                   time_reduce=float(maxes[2]), time_sample=float(maxes[3]),
+                   time_compute=float(maxes[0] - maxes[1] - maxes[2] - maxes[3]),
                    bytes_sent=int(sums[1]), bytes_recv=int(sums[2]),
-                   peak_mem_bytes=int(maxes[3]), world_size=world)
+                   halo_rows=int(sums[3]), halo_rows_total=int(sums[4]),
+                   peak_mem_bytes=int(maxes[4]), world_size=world)
         history.append(row)
         if writer:
             writer.epoch(row)
@@ -193,7 +221,10 @@ def summarize(history: List[Dict[str, Any]], config: TrainConfig, world: int) ->
         "best_val_acc": best["val_acc"], "test_acc_at_best_val": best["test_acc"],
         "epoch_time": mean("time"), "time_compute": mean("time_compute"),
         "time_comm": mean("time_comm"), "time_reduce": mean("time_reduce"),
+        "time_sample": mean("time_sample"),
         "bytes_sent_per_epoch": mean("bytes_sent"),
+        "halo_rows_per_epoch": mean("halo_rows"),
+        "halo_rows_total": last["halo_rows_total"],
         "peak_mem_bytes": max(r["peak_mem_bytes"] for r in history),
     }
 
@@ -246,17 +277,14 @@ def train_single_process(data: Data, config: TrainConfig):
     num_train = int(data.train_mask.sum())
     history = []
     for epoch in range(1, config.epochs + 1):
+        reset_peak_memory()
         start = time.perf_counter()
-        model.train()
         optimizer.zero_grad(set_to_none=True)
-        out = model(data.x, adj_t)
-        mask = data.train_mask
-        loss = F.cross_entropy(out[mask], data.y[mask], reduction="sum") / num_train
-        loss.backward()
+        loss = _forward_backward(model, adj_t, data, num_train)
         optimizer.step()
         row = {"epoch": epoch, "loss": loss.item(), "time": time.perf_counter() - start,
-               "time_comm": 0.0, "time_reduce": 0.0, "bytes_sent": 0,
-               "peak_mem_bytes": peak_memory_bytes()}
+               "time_comm": 0.0, "time_reduce": 0.0, "time_sample": 0.0, "bytes_sent": 0,
+               "halo_rows": 0, "halo_rows_total": 0, "peak_mem_bytes": peak_memory_bytes()}
         row["time_compute"] = row["time"]
         if epoch % config.eval_every == 0 or epoch == config.epochs:
             model.eval()

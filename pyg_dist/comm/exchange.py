@@ -1,6 +1,6 @@
 """The differentiable halo exchange."""
 import math
-from typing import Optional
+from typing import List, Optional
 
 import torch
 import torch.distributed as dist
@@ -10,7 +10,10 @@ from pyg_dist.comm.plan import HaloPlan
 from pyg_dist.metrics import CommStats
 
 
-def _all_to_all(send: Tensor, send_counts, recv_counts, group) -> Tensor:
+def all_to_all(send: Tensor, send_counts: List[int], recv_counts: List[int],
+               group=None) -> Tensor:
+    r"""``all_to_all_single`` of the rows of :obj:`send` (split sizes in
+    rows) into a new tensor."""
     recv = send.new_empty((sum(recv_counts), ) + tuple(send.shape[1:]))
     dist.all_to_all_single(recv, send.contiguous(), output_split_sizes=recv_counts,
                            input_split_sizes=send_counts, group=group)
@@ -36,9 +39,9 @@ class HaloExchange(torch.autograd.Function):
         ctx.num_inner = x.size(0)
         send = x.index_select(0, plan.send_index)
         if stats is None:
-            return _all_to_all(send, plan.send_counts, plan.recv_counts, group)
+            return all_to_all(send, plan.send_counts, plan.recv_counts, group)
         with stats.timer("comm"):
-            out = _all_to_all(send, plan.send_counts, plan.recv_counts, group)
+            out = all_to_all(send, plan.send_counts, plan.recv_counts, group)
         row_bytes = _row_bytes(x)
         stats.add_bytes(key, plan.num_send * row_bytes, plan.num_recv * row_bytes)
         return out
@@ -47,11 +50,11 @@ class HaloExchange(torch.autograd.Function):
     def backward(ctx, grad_halo: Tensor):
         plan, stats = ctx.plan, ctx.stats
         if stats is None:
-            grad_send = _all_to_all(grad_halo, plan.recv_counts, plan.send_counts,
+            grad_send = all_to_all(grad_halo, plan.recv_counts, plan.send_counts,
                                     ctx.group)
         else:
             with stats.timer("comm"):
-                grad_send = _all_to_all(grad_halo, plan.recv_counts,
+                grad_send = all_to_all(grad_halo, plan.recv_counts,
                                         plan.send_counts, ctx.group)
             row_bytes = _row_bytes(grad_halo)
             stats.add_bytes(ctx.key + ".grad", plan.num_recv * row_bytes,
@@ -64,7 +67,9 @@ class HaloExchange(torch.autograd.Function):
 def halo_exchange(x: Tensor, plan: HaloPlan, group=None,
                   stats: Optional[CommStats] = None, key: str = "") -> Tensor:
     r"""Returns this rank's halo rows of the node-level tensor :obj:`x`
-    (inner rows), differentiably. A world of one rank has no halo."""
-    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+    (inner rows) that :obj:`plan` receives, differentiably. A world of one
+    rank, or a plan that isolates the partitions, exchanges nothing."""
+    if (plan.skip_exchange or not dist.is_initialized()
+            or dist.get_world_size(group) == 1):
         return x.new_empty((0, ) + tuple(x.shape[1:]))
     return HaloExchange.apply(x, plan, group, stats, key)

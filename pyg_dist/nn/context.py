@@ -1,22 +1,40 @@
 """``DistContext``: what every distributed layer of a model shares — the
-partition, the halo plan, the process group and the byte counters."""
-from typing import Dict, Optional, Tuple
+partition, the current halo plan, the process group and the counters."""
+from contextlib import contextmanager
+from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from pyg_dist.comm import HaloPlan, halo_exchange
+from pyg_dist.comm.plan import csr
 from pyg_dist.data import DistData
 from pyg_dist.metrics import CommStats
+
+Observer = Callable[[str, Tensor, HaloPlan], None]
+
+
+class GCNNorm(NamedTuple):
+    r"""GCN-normalised edges of the partition's graph plus self-loops, sorted
+    by (target, source); ``edge_id`` is ``-1`` for the added self-loops."""
+    src: Tensor
+    dst: Tensor
+    weight: Tensor
+    edge_id: Tensor
+    adj_t: Tensor
 
 
 class DistContext:
     r"""Binds distributed layers to one rank's :class:`~pyg_dist.DistData`.
 
     Layers call :meth:`extend` to turn a node-level tensor of inner rows into
-    ``[inner | halo]`` rows, and :meth:`adjacency` to get the local bipartite
-    graph in the form their propagate runs fastest on.
+    the source rows of the current :attr:`plan` (``[inner | received
+    halo]``) and :meth:`adjacency` to get the plan's local graph in the form
+    their propagate runs fastest on. The plan is the exact one unless a
+    sampler installs another with :meth:`use`; :attr:`observers` are called
+    with every layer's source rows (samplers that learn from embeddings
+    register here).
     """
 
     def __init__(self, data: DistData, group=None,
@@ -29,59 +47,145 @@ class DistContext:
                 " (call pyg_dist.init() or torch.distributed.init_process_group() first)"))
         self.data = data
         self.group = group
-        self.plan = HaloPlan.full(data)
+        self.world_size = world
+        self.full_plan = HaloPlan.full(data)
+        self.plan = self.full_plan
         self.stats = stats if stats is not None else CommStats()
         self.num_inner = data.num_inner
-        self.num_src = data.num_inner + data.num_halo
-        self._gcn_cache: Dict[tuple, Tuple[Tensor, Optional[Tensor]]] = {}
+        self.observers: List[Observer] = []
+        self._gcn_cache: Dict[tuple, GCNNorm] = {}
+        self._precomputed: Dict[str, Tuple[Tensor, int, Tensor]] = {}
+
+    @property
+    def num_src(self) -> int:
+        return self.plan.num_src
+
+    @contextmanager
+    def use(self, plan: HaloPlan) -> Iterator[HaloPlan]:
+        r"""Runs the layers on :obj:`plan` inside the block."""
+        previous, self.plan = self.plan, plan
+        try:
+            yield plan
+        finally:
+            self.plan = previous
 
     def fetch(self, key: str, x: Tensor) -> Tensor:
-        r"""The halo rows of :obj:`x` (inner rows), with autograd."""
+        r"""The halo rows of :obj:`x` (inner rows) the plan receives, with autograd."""
         return halo_exchange(x, self.plan, self.group, self.stats, key)
 
     def extend(self, key: str, x: Tensor) -> Tensor:
-        r"""``[x | halo rows of x]``: the source rows of the local graph."""
+        r"""``[x | received halo rows of x]``: the source rows of the plan's graph."""
         if x.size(0) != self.num_inner:
             raise ValueError(
                 f"Layer '{key}' received {x.size(0)} node rows, but this rank "
                 f"owns {self.num_inner} inner nodes: pass the rank's inner "
                 f"rows (e.g. DistData.x), not the whole graph")
-        if self.num_src == self.num_inner:  # no halo: skip a full copy of x
-            return x
-        return torch.cat([x, self.fetch(key, x)], dim=0)
+        if self.plan.num_recv == 0 and (self.plan.skip_exchange or self.world_size == 1):
+            x_src = x  # nothing travels: skip a full copy of x
+        else:  # a rank receiving nothing may still send (and get gradients back)
+            x_src = torch.cat([x, self.fetch(key, x)], dim=0)
+        if self.observers:
+            with self.stats.timer("sample"):
+                for observe in self.observers:
+                    observe(key, x_src, self.plan)
+        return x_src
+
+    def precompute(self, key: str, x: Tensor, compute: Callable[[], Tensor]) -> Tensor:
+        r"""``compute()`` on the exact plan without autograd, cached while
+        :obj:`x` is the same unmodified tensor: a layer whose aggregation of
+        the fixed input features involves no parameter needs it only once."""
+        hit = self._precomputed.get(key)
+        if hit is None or hit[0] is not x or hit[1] != x._version:
+            with torch.no_grad(), self.use(self.full_plan):
+                hit = (x, x._version, compute())
+            self._precomputed[key] = hit
+        return hit[2]
 
     def is_local_graph(self, edge_index) -> bool:
-        return edge_index is self.data.edge_index or edge_index is self.data.adj_t
+        return any(edge_index is g for g in (self.data.edge_index, self.data.adj_t,
+                                             self.plan.edge_index, self.plan.adj_t))
 
-    def adjacency(self, edge_index, fused: bool):
-        r"""The partition's own graph as CSR ``adj_t`` (fused sparse
-        aggregation) or ``edge_index`` (per-edge messages); any other graph
-        is returned as given."""
+    def adjacency(self, edge_index, fused: bool, aggr: Optional[str] = None):
+        r"""The plan's graph as CSR ``adj_t`` (fused sparse aggregation,
+        values weighted for an unbiased sampled :obj:`aggr`) or
+        ``edge_index`` (per-edge messages) when :obj:`edge_index` is the
+        partition's own graph; any other graph is returned as given."""
         if not self.is_local_graph(edge_index):
+            self._require_exact_plan()
             return edge_index
-        return self.data.adj_t if fused else self.data.edge_index
+        return self.plan.adjacency(aggr, fused)
+
+    def weighted_adjacency(self, edge_index, edge_weight: Optional[Tensor],
+                           aggr: Optional[str]):
+        r""":meth:`adjacency` for a layer that takes per-edge weights of the
+        partition's edges: ``(adj, edge_weight)`` restricted to the plan's
+        edges and multiplied by its sampling weights."""
+        if edge_weight is None:
+            return self.adjacency(edge_index, True, aggr), None
+        adj = self.adjacency(edge_index, False)
+        if self.plan.is_exact or not self.is_local_graph(edge_index):
+            return adj, edge_weight
+        scale = self.plan.edge_weight(aggr)
+        edge_weight = self.plan.edges(edge_weight)
+        return adj, edge_weight if scale is None else edge_weight * scale
+
+    def _require_exact_plan(self) -> None:
+        if not self.plan.is_exact:
+            raise ValueError("A sampled halo plan applies to the partition's own graph "
+                             "only: pass data.edge_index or data.adj_t")
 
     def gcn_norm(self, edge_index, edge_weight: Optional[Tensor], improved: bool,
                  add_self_loops: bool, dtype: torch.dtype):
         r"""GCN's symmetric normalisation with degrees of the *whole* graph:
         :math:`w_{ji} / \sqrt{\hat d_j \hat d_i}` with
-        :math:`\hat d_i = \sum_{j \in \mathcal N(i) \cup \{i\}} w_{ji}`.
+        :math:`\hat d_i = \sum_{j \in \mathcal N(i) \cup \{i\}} w_{ji}`,
+        restricted to the plan's edges and multiplied by their sampling
+        scale (the normalisation stays the exact graph's).
 
         An inner node's in-edges all live on its owner, so each rank computes
         its inner degrees and one tiny halo exchange brings the halo degrees.
-        For the partition's own unweighted graph the result is cached as a
-        weighted CSR ``adj_t`` (fused path); it returns ``(adj, edge_weight)``.
+        For the partition's own graph the result is a weighted CSR ``adj_t``
+        (fused path), cached per plan; it returns ``(adj, edge_weight)``.
         """
-        own = self.is_local_graph(edge_index) and edge_weight is None
-        cache_key = (improved, add_self_loops, dtype)
-        if own and cache_key in self._gcn_cache:
-            return self._gcn_cache[cache_key]
-        if own:
-            edge_index = self.data.edge_index
-        elif not isinstance(edge_index, Tensor) or edge_index.layout != torch.strided:
-            raise NotImplementedError("Distributed GCNConv takes the partition's "
-                                      "adjacency or a local bipartite edge_index")
+        if not self.is_local_graph(edge_index):
+            self._require_exact_plan()
+            if not isinstance(edge_index, Tensor) or edge_index.layout != torch.strided:
+                raise NotImplementedError("Distributed GCNConv takes the partition's "
+                                          "adjacency or a local bipartite edge_index")
+            norm = self._normalise(edge_index, edge_weight, improved, add_self_loops,
+                                   dtype, sort=False)
+            return torch.stack([norm.src, norm.dst]), norm.weight
+        key = (improved, add_self_loops, dtype)
+        norm = self._gcn_cache.get(key) if edge_weight is None else None
+        if norm is None:
+            norm = self._normalise(self.data.edge_index, edge_weight, improved,
+                                   add_self_loops, dtype, sort=True)
+            if edge_weight is None:
+                self._gcn_cache[key] = norm
+        plan = self.plan
+        if plan.is_exact:
+            return norm.adj_t, None
+        if edge_weight is None and ("gcn_norm", key) in plan.cache:
+            return plan.cache[("gcn_norm", key)], None
+        # Sampling scale per partition edge (0: dropped); self-loops always stay.
+        num_edges = self.data.edge_index.size(1)
+        scale = norm.weight.new_zeros(num_edges + 1)
+        scale[num_edges] = 1.0
+        scale[plan.edge_id] = 1.0 if plan.edge_scale is None else plan.edge_scale.to(dtype)
+        scale = scale[torch.where(norm.edge_id < 0, num_edges, norm.edge_id)]
+        keep = (scale != 0).nonzero().view(-1)
+        src = plan.source_map(self.data.num_halo)[norm.src[keep]]
+        adj_t = csr(torch.stack([src, norm.dst[keep]]), norm.weight[keep] * scale[keep],
+                    self.num_inner, plan.num_src)
+        if edge_weight is None:
+            plan.cache[("gcn_norm", key)] = adj_t
+        return adj_t, None
+
+    def _normalise(self, edge_index: Tensor, edge_weight: Optional[Tensor],
+                   improved: bool, add_self_loops: bool, dtype: torch.dtype,
+                   sort: bool) -> GCNNorm:
         src, dst = edge_index
+        edge_id = torch.arange(src.numel(), device=src.device)
         weight = (torch.ones(src.numel(), dtype=dtype, device=src.device)
                   if edge_weight is None else edge_weight.to(dtype))
         if add_self_loops:  # as PyG's add_remaining_self_loops
@@ -89,15 +193,17 @@ class DistContext:
             has_loop[dst[src == dst]] = True
             loop = torch.arange(self.num_inner, device=src.device)[~has_loop]
             src, dst = torch.cat([src, loop]), torch.cat([dst, loop])
+            edge_id = torch.cat([edge_id, torch.full_like(loop, -1)])
             weight = torch.cat([weight, weight.new_full((loop.numel(), ),
                                                         2.0 if improved else 1.0)])
         deg = weight.new_zeros(self.num_inner).scatter_add_(0, dst, weight)
-        deg = torch.cat([deg, self.fetch("gcn_norm", deg.unsqueeze(-1)).view(-1)])
+        with self.use(self.full_plan):
+            deg = torch.cat([deg, self.fetch("gcn_norm", deg.unsqueeze(-1)).view(-1)])
         deg_inv_sqrt = deg.pow(-0.5).masked_fill_(deg == 0, 0.0)
         weight = deg_inv_sqrt[src] * weight * deg_inv_sqrt[dst]
-        if not own:
-            return torch.stack([src, dst]), weight
-        order = torch.argsort(dst * self.num_src + src)
-        adj_t = self.data.csr_adj_t(torch.stack([src[order], dst[order]]), weight[order])
-        self._gcn_cache[cache_key] = (adj_t, None)
-        return adj_t, None
+        if not sort:
+            return GCNNorm(src, dst, weight, edge_id, None)
+        order = torch.argsort(dst * (self.num_inner + self.data.num_halo) + src)
+        src, dst, weight, edge_id = src[order], dst[order], weight[order], edge_id[order]
+        adj_t = self.data.csr_adj_t(torch.stack([src, dst]), weight)
+        return GCNNorm(src, dst, weight, edge_id, adj_t)

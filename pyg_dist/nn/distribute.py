@@ -3,7 +3,7 @@ from typing import Optional, Set
 
 import torch
 from torch import Tensor
-from torch_geometric.nn import GATConv, GCNConv
+from torch_geometric.nn import GATConv, GCNConv, GINConv, GraphConv, SAGEConv
 from torch_geometric.nn.conv import MessagePassing
 
 from pyg_dist.data import DistData
@@ -24,8 +24,14 @@ UNSUPPORTED = {
 }
 
 
+# Layers whose propagate aggregates the raw input with no parameter involved
+# (GCN through (ÂX)Θ = Â(XΘ)): their first-layer aggregation can be precomputed.
+PRECOMPUTABLE = (GCNConv, SAGEConv, GINConv, GraphConv)
+
+
 def distribute(model: torch.nn.Module, data: DistData, group=None,
-               stats: Optional[CommStats] = None) -> torch.nn.Module:
+               stats: Optional[CommStats] = None,
+               precompute_layer0: bool = False) -> torch.nn.Module:
     r"""Converts every :class:`~torch_geometric.nn.conv.MessagePassing`
     layer of :obj:`model` in place into its partition-parallel version, like
     :meth:`torch.nn.SyncBatchNorm.convert_sync_batchnorm` (parameters,
@@ -41,12 +47,26 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
     ``message_and_aggregate`` where it exists (e.g. SAGE, GCN, GIN,
     GraphConv), per-edge messages otherwise (e.g. GAT).
 
+    Which halo rows and edges a forward pass uses is the context's current
+    :class:`~pyg_dist.comm.HaloPlan` (``model.dist_context.plan``; the exact
+    plan unless a :mod:`~pyg_dist.sampler` installs another with
+    ``model.dist_context.use(plan)``). Under a sampled plan every layer
+    aggregates the sampled graph with the plan's :math:`1/p` weights: in
+    the CSR values on the fused path, on the messages otherwise.
+
     Args:
         model: a PyG model or layer.
         data: this rank's partition.
         group: the process group (default: the default group).
         stats: byte/time counters to update (default: a new
             :class:`~pyg_dist.metrics.CommStats`, kept as ``model.comm_stats``).
+        precompute_layer0: the first layer aggregates the partition's raw
+            features once, on the exact plan, and reuses the result (the
+            reference BNS-GCN's ``--use-pp``): that layer then needs no
+            communication. Exact (up to rounding) whenever it applies: for
+            GCN, GraphSAGE (without ``project``), GIN and GraphConv without
+            edge weights, when the first layer is given ``data.x`` itself;
+            under sampling, the first layer sees the whole neighbourhood.
     """
     ctx = DistContext(data, group, stats)
     layers = [(name, m) for name, m in model.named_modules()
@@ -56,8 +76,35 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
                          f"layer to distribute")
     for name, module in layers:
         _convert(module, name or type(module).__name__, ctx)
+    if precompute_layer0:
+        _precompute_first(*layers[0])
     model.comm_stats = ctx.stats
+    model.dist_context = ctx
     return model
+
+
+def _precompute_first(name: str, module: MessagePassing) -> None:
+    if not isinstance(module, PRECOMPUTABLE) or getattr(module, "project", False):
+        raise NotImplementedError(
+            f"precompute_layer0: the first layer '{name}' ({type(module).__name__}) "
+            f"transforms its input with parameters before aggregating; supported: "
+            f"GCNConv, SAGEConv (project=False), GINConv, GraphConv")
+    module._dist_precompute = True
+    if not isinstance(module, DistGCNConv):  # GCN handles it in its forward
+        module.propagate = _precomputed_propagate.__get__(module)
+
+
+def _precomputed_propagate(module: MessagePassing, edge_index, size=None, **kwargs):
+    r"""``propagate`` that reuses the aggregation of ``data.x`` (computed on
+    the exact plan once) and computes anything else as usual."""
+    ctx: DistContext = module._dist_ctx
+    x = kwargs.get("x")
+    x_src = x[0] if isinstance(x, (tuple, list)) else x
+    propagate = type(module).propagate
+    if x_src is not ctx.data.x or any(v is not None for k, v in kwargs.items() if k != "x"):
+        return propagate(module, edge_index, size=size, **kwargs)
+    return ctx.precompute(module._dist_key, x_src,
+                          lambda: propagate(module, edge_index, size=size, **kwargs))
 
 
 def _convert(module: MessagePassing, name: str, ctx: DistContext) -> None:
@@ -75,6 +122,7 @@ def _convert(module: MessagePassing, name: str, ctx: DistContext) -> None:
                 f"propagate node features")
         elif not isinstance(module, (DistGCNConv, DistGATConv)):
             module.register_propagate_forward_pre_hook(_propagate_pre_hook)
+            module.register_message_forward_hook(_message_weight_hook)
     module._dist_ctx = ctx
     module._dist_key = name
 
@@ -85,7 +133,8 @@ def _source_args(module: MessagePassing) -> Set[str]:
 
 
 def _propagate_pre_hook(module: MessagePassing, inputs):
-    r"""Extends every source-side node tensor with its halo rows and swaps
+    r"""Extends every source-side node tensor with the plan's halo rows,
+    restricts per-edge arguments (``edge_*``) to the plan's edges and swaps
     the partition's adjacency for the form this layer aggregates fastest."""
     edge_index, size, kwargs = inputs
     ctx: DistContext = module._dist_ctx
@@ -96,7 +145,30 @@ def _propagate_pre_hook(module: MessagePassing, inputs):
             kwargs[arg] = ctx.extend(key, value)
         elif isinstance(value, (tuple, list)) and isinstance(value[0], Tensor):
             kwargs[arg] = (ctx.extend(key, value[0]), value[1])
+    local = ctx.is_local_graph(edge_index)
+    if local:
+        for arg, value in kwargs.items():
+            if arg.startswith("edge_") and isinstance(value, Tensor):
+                kwargs[arg] = ctx.plan.edges(value)
     # The fused path cannot carry extra per-edge arguments (e.g. edge_weight).
     edge_args_unused = all(kwargs.get(a) is None for a in kwargs if a not in sources)
-    edge_index = ctx.adjacency(edge_index, fused=module.fuse and edge_args_unused)
+    fused = module.fuse and edge_args_unused
+    aggr = module.aggr if isinstance(module.aggr, str) else None
+    module._dist_message_weight = (ctx.plan.edge_weight(aggr) if local and not fused
+                                   else None)
+    edge_index = ctx.adjacency(edge_index, fused, aggr)
     return edge_index, (ctx.num_src, ctx.num_inner), kwargs
+
+
+def _message_weight_hook(module: MessagePassing, inputs, messages: Tensor):
+    r"""Multiplies each message of a sampled plan's edge by its weight
+    (:meth:`~pyg_dist.comm.HaloPlan.edge_weight`) on the per-edge path."""
+    weight = getattr(module, "_dist_message_weight", None)
+    if weight is None:
+        return None
+    if messages.size(0) != weight.numel():
+        raise RuntimeError(
+            f"Layer '{module._dist_key}' made {messages.size(0)} messages for the "
+            f"{weight.numel()} edges of the sampled plan: a layer that adds or "
+            f"removes edges inside its forward cannot be sampled with rescaling")
+    return messages * weight.to(messages.dtype).view((-1, ) + (1, ) * (messages.dim() - 1))

@@ -16,21 +16,40 @@ class DistGCNConv(GCNConv):
     with :math:`\hat{d}` the degrees of the *whole* graph, so the result
     equals single-graph PyG. The linear transform runs before the exchange
     (as in PyG), so only :math:`\mathbf{\Theta}^{\top}\mathbf{x}_j` of halo
-    nodes travels, computed once by their owners.
+    nodes travels, computed once by their owners. Under a sampled plan the
+    surviving edge weights are multiplied by their :math:`1/p` and the
+    normalisation stays the whole graph's.
+
+    With ``precompute_layer0`` (see :func:`~pyg_dist.nn.distribute`) and
+    the partition's own features as input, the layer uses
+    :math:`(\hat A X)\Theta` with :math:`\hat A X` aggregated once on the
+    exact plan: no exchange at all, equal to the exact layer up to
+    floating-point rounding.
     """
 
     def forward(self, x: Tensor, edge_index: Adj,
                 edge_weight: Optional[Tensor] = None) -> Tensor:
+        ctx = self._dist_ctx
+        if getattr(self, "_dist_precompute", False) and x is ctx.data.x \
+                and edge_weight is None:
+            out = self.lin(ctx.precompute(self._dist_key, x,
+                                          lambda: self._aggregate(x, edge_index, None)))
+        else:
+            out = self._aggregate(self.lin(x), edge_index, edge_weight)
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+    def _aggregate(self, x: Tensor, edge_index: Adj,
+                   edge_weight: Optional[Tensor]) -> Tensor:
         ctx = self._dist_ctx
         if self.normalize:
             edge_index, edge_weight = ctx.gcn_norm(edge_index, edge_weight,
                                                    self.improved,
                                                    self.add_self_loops, x.dtype)
         else:
-            edge_index = ctx.adjacency(edge_index, fused=edge_weight is None)
-        x = ctx.extend(self._dist_key, self.lin(x))
-        out = self.propagate(edge_index, x=x, edge_weight=edge_weight,
-                             size=(ctx.num_src, ctx.num_inner))
-        if self.bias is not None:
-            out = out + self.bias
-        return out
+            edge_index, edge_weight = ctx.weighted_adjacency(edge_index, edge_weight,
+                                                             self.aggr)
+        x = ctx.extend(self._dist_key, x)
+        return self.propagate(edge_index, x=x, edge_weight=edge_weight,
+                              size=(ctx.num_src, ctx.num_inner))

@@ -1,0 +1,45 @@
+r"""Boundary samplers: which halo rows each iteration fetches."""
+import inspect
+from typing import Any, Dict, Optional, Type
+
+from pyg_dist.data import DistData
+from pyg_dist.metrics import CommStats
+from pyg_dist.sampler.base import BoundarySampler
+from pyg_dist.sampler.bns import BNSSampler
+from pyg_dist.sampler.edge import BoundaryEdgeSampler, DropEdgeSampler
+from pyg_dist.sampler.full import FullSampler
+from pyg_dist.sampler.variance import (VarianceReductionSampler, sampling_variance,
+                                       vr_probabilities)
+
+SAMPLERS: Dict[str, Type[BoundarySampler]] = {
+    "full": FullSampler,
+    "bns": BNSSampler,
+    "vr": VarianceReductionSampler,
+    "dropedge": DropEdgeSampler,
+    "bes": BoundaryEdgeSampler,
+}
+
+
+def sampler_params(name: str) -> Dict[str, Any]:
+    r"""The hyper-parameters of sampler :obj:`name` and their defaults."""
+    skip = {"self", "data", "seed", "group", "stats"}
+    return {k: p.default for k, p in inspect.signature(SAMPLERS[name]).parameters.items()
+            if k not in skip}
+
+
+def build_sampler(name: str, data: DistData, seed: int = 0, group=None,
+                  stats: Optional[CommStats] = None, **params: Any) -> BoundarySampler:
+    r"""The sampler registered as :obj:`name` (see :data:`SAMPLERS`); a
+    parameter it does not take is an error, not silently ignored."""
+    if name not in SAMPLERS:
+        raise ValueError(f"Unknown sampler '{name}' (choose from {', '.join(SAMPLERS)})")
+    unknown = set(params) - set(sampler_params(name))
+    if unknown:
+        raise ValueError(f"Sampler '{name}' takes no parameter(s) {sorted(unknown)} "
+                         f"(it takes {sorted(sampler_params(name)) or 'none'})")
+    return SAMPLERS[name](data, seed=seed, group=group, stats=stats, **params)
+
+
+__all__ = ["BoundarySampler", "FullSampler", "BNSSampler", "VarianceReductionSampler",
+           "DropEdgeSampler", "BoundaryEdgeSampler", "SAMPLERS", "build_sampler",
+           "sampler_params", "vr_probabilities", "sampling_variance"]

@@ -1,0 +1,128 @@
+"""``BoundarySampler``: the base of every halo sampler."""
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from pyg_dist.comm import HaloPlan, all_to_all
+from pyg_dist.data import DistData
+from pyg_dist.metrics import CommStats
+
+_MASK64 = (1 << 64) - 1
+_BIT_WEIGHTS = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
+
+
+class BoundarySampler:
+    r"""Decides, for every training iteration, which halo rows a rank
+    receives, which of its local edges survive and by how much each
+    surviving contribution is scaled: :meth:`plan` returns that iteration's
+    :class:`~pyg_dist.comm.HaloPlan`, which the layers, the exchange and
+    the trainer use as given. Evaluation always uses :attr:`full_plan`.
+
+    All ranks call :meth:`plan` with the same iteration in step (samplers
+    whose receivers decide alone tell the owners in one collective).
+
+    Subclasses implement :meth:`plan`; those that learn from the
+    embeddings the layers exchange override :meth:`attach`.
+
+    Args:
+        data: this rank's partition.
+        seed: every random draw is a function of ``(seed, iteration, ...)``,
+            so a run is reproducible.
+        group: the process group (default: the default group).
+        stats: counters for the bytes the sampler itself sends (key ``"plan"``).
+    """
+
+    def __init__(self, data: DistData, seed: int = 0, group=None,
+                 stats: Optional[CommStats] = None) -> None:
+        self.data = data
+        self.seed = seed
+        self.group = group
+        self.stats = stats
+        self.full_plan = HaloPlan.full(data)
+        self.rank = data.rank
+        self.device = data.edge_index.device
+        src = data.edge_index[0]
+        self.halo_edge = src >= data.num_inner  # edges from a halo source
+
+    def plan(self, iteration: int) -> HaloPlan:
+        raise NotImplementedError
+
+    def attach(self, ctx) -> None:
+        r"""Called once with the model's :class:`~pyg_dist.nn.DistContext`."""
+
+    def generator(self, iteration: int, *keys: int) -> torch.Generator:
+        r"""A CPU generator seeded by ``(seed, iteration, *keys)``: two ranks
+        that pass the same keys draw the same numbers."""
+        g = torch.Generator()
+        g.manual_seed(_mix(self.seed, iteration, *keys))
+        return g
+
+    def uniform(self, n: int, iteration: int, *keys: int) -> Tensor:
+        return torch.rand(n, generator=self.generator(iteration, *keys)).to(self.device)
+
+    def plan_from_edges(self, edge_keep: Tensor, edge_scale: Optional[Tensor]) -> HaloPlan:
+        r"""The plan of a sampled edge set decided by the receiver alone:
+        a halo row travels iff at least one of its edges survives. Owners
+        learn which of their rows to send from one ``all_to_all`` of
+        bitmasks (one bit per halo row, so it is never larger than a list of
+        ids once more than 1/32 of the rows are kept)."""
+        data = self.data
+        halo_keep = torch.zeros(data.num_halo, dtype=torch.bool, device=self.device)
+        halo_keep[data.edge_index[0][edge_keep & self.halo_edge] - data.num_inner] = True
+        send_keep = self._tell_owners(halo_keep)
+        return HaloPlan.sampled(data, send_keep, halo_keep, edge_keep, edge_scale)
+
+    def _tell_owners(self, halo_keep: Tensor) -> Tensor:
+        if not dist.is_initialized() or dist.get_world_size(self.group) == 1:
+            return halo_keep.new_zeros(0)
+        recv_counts = self.data.recv_counts.tolist()  # my halo rows per owner
+        send_counts = self.data.send_counts.tolist()  # rows I own per receiver
+        packed = torch.cat([_pack(m) for m in halo_keep.cpu().split(recv_counts)])
+        out_bytes = [_num_bytes(c) for c in recv_counts]
+        in_bytes = [_num_bytes(c) for c in send_counts]
+        masks = all_to_all(packed.to(self.device), out_bytes, in_bytes, self.group).cpu()
+        if self.stats is not None:
+            self.stats.add_bytes("plan", sum(out_bytes), sum(in_bytes))
+        return torch.cat([_unpack(m, c) for m, c in zip(masks.split(in_bytes), send_counts)]
+                         ).to(self.device)
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({self.extra_repr()})"
+
+    def extra_repr(self) -> str:
+        return ""
+
+
+def _mix(*values: int) -> int:
+    r"""A 63-bit hash of integers (SplitMix64 finaliser per value)."""
+    h = 0x9E3779B97F4A7C15
+    for v in values:
+        h = ((h ^ (v & _MASK64)) * 0xBF58476D1CE4E5B9) & _MASK64
+        h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK64
+        h ^= h >> 31
+    return h & ((1 << 63) - 1)
+
+
+def _num_bytes(bits: int) -> int:
+    return (bits + 7) // 8
+
+
+def _pack(bits: Tensor) -> Tensor:
+    padded = torch.zeros(_num_bytes(bits.numel()) * 8, dtype=torch.uint8)
+    padded[:bits.numel()] = bits
+    return (padded.view(-1, 8) * _BIT_WEIGHTS).sum(1).to(torch.uint8)
+
+
+def _unpack(packed: Tensor, num_bits: int) -> Tensor:
+    bits = packed.unsqueeze(1).bitwise_and(_BIT_WEIGHTS) != 0
+    return bits.view(-1)[:num_bits]
+
+
+def validate_probability(name: str, value: float, allow_zero: bool = True) -> float:
+    low_ok = value >= 0 if allow_zero else value > 0
+    if not (low_ok and value <= 1):
+        raise ValueError(f"{name} must be in {'[' if allow_zero else '('}0, 1] "
+                         f"(got {value})")
+    return float(value)
