@@ -56,9 +56,13 @@ def vr_probabilities(weight: Tensor, index: Tensor, num_targets: int,
     fits = lead * w <= prefix * (1 + 1e-12)
     k = torch.zeros(num_targets, dtype=torch.long, device=w.device)
     k.scatter_reduce_(0, idx, torch.where(fits, pos, 0), "amax")
-    last = (start + k - 1).clamp(min=0)
-    scale = (budget + k - deg) / (csum[last] - before)
-    p_sorted = torch.where(pos <= k[idx], scale[idx] * w, torch.ones_like(w))
+    below = pos <= k[idx]  # the entries with p < 1
+    # Σ_{l ≤ k} w_l again, per segment: the global scan above loses the
+    # precision of segments whose weights are tiny next to the running total.
+    total = torch.zeros(num_targets, dtype=w.dtype, device=w.device)
+    total.index_add_(0, idx[below], w[below])
+    scale = (budget + k - deg) / total
+    p_sorted = torch.where(below, scale[idx] * w, torch.ones_like(w))
     p = torch.empty_like(p_sorted)
     p[order] = p_sorted
     return p.clamp_(min=torch.finfo(torch.double).tiny, max=1.0)
