@@ -30,6 +30,38 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                         "ignored under torchrun)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                    help="seconds a rank waits for a peer before failing")
+    _add_sampler_args(p)
+
+
+def _add_sampler_args(p: argparse.ArgumentParser) -> None:
+    r"""``--sampler`` and one flag per sampler hyper-parameter, generated
+    from the registry (a new sampler needs no CLI change)."""
+    from pyg_dist.sampler import SAMPLERS, sampler_params
+    g = p.add_argument_group("halo sampling")
+    g.add_argument("--sampler", choices=list(SAMPLERS), default="full",
+                   help="which halo rows each training iteration fetches "
+                        "(evaluation always uses all)")
+    seen = {}
+    for name in SAMPLERS:
+        for param, default in sampler_params(name).items():
+            seen.setdefault(param, (default, []))[1].append(name)
+    for param, (default, users) in seen.items():
+        g.add_argument(f"--{param.replace('_', '-')}", type=type(default), default=None,
+                       help=f"{'/'.join(users)} (default {default})")
+    g.add_argument("--precompute-layer0", action="store_true",
+                   help="aggregate the raw features of layer 0 once (no layer-0 exchange)")
+
+
+def _sampler_args(args: argparse.Namespace) -> dict:
+    from pyg_dist.sampler import SAMPLERS, sampler_params
+    given = {param: getattr(args, param) for name in SAMPLERS
+             for param in sampler_params(name) if getattr(args, param) is not None}
+    unused = set(given) - set(sampler_params(args.sampler))
+    if unused:
+        flags = ", ".join(f"--{u.replace('_', '-')}" for u in sorted(unused))
+        raise SystemExit(f"pyg-dist train: error: {flags} do(es) not apply to "
+                         f"--sampler {args.sampler}")
+    return given
 
 
 def _config(args: argparse.Namespace):
@@ -38,9 +70,9 @@ def _config(args: argparse.Namespace):
                        heads=args.heads, dropout=args.dropout, lr=args.lr,
                        weight_decay=args.weight_decay, epochs=args.epochs,
                        seed=args.seed, eval_every=args.eval_every,
-                       progress=not args.no_progress)
-
-
+                       progress=not args.no_progress, sampler=args.sampler,
+                       sampler_args=_sampler_args(args),
+                       precompute_layer0=args.precompute_layer0)
 
 
 def run_training(root: str, config, out: Optional[str], nproc: Optional[int] = None,

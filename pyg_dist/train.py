@@ -18,7 +18,7 @@ from torch_geometric.utils import to_torch_csr_tensor
 
 import pyg_dist
 from pyg_dist.metrics import peak_memory_bytes, reset_peak_memory
-from pyg_dist.sampler import SAMPLERS, build_sampler, sampler_params
+from pyg_dist.sampler import build_sampler, check_sampler
 
 MODELS = {"gcn": GCN, "sage": GraphSAGE, "gat": GAT, "gin": GIN}
 MASKS = ("train", "val", "test")
@@ -54,13 +54,7 @@ class TrainConfig:
         if self.lr <= 0 or self.weight_decay < 0:
             raise ValueError(f"lr must be > 0 and weight_decay >= 0 "
                              f"(got {self.lr}, {self.weight_decay})")
-        if self.sampler not in SAMPLERS:
-            raise ValueError(f"Unknown sampler '{self.sampler}' "
-                             f"(choose from {', '.join(SAMPLERS)})")
-        unknown = set(self.sampler_args) - set(sampler_params(self.sampler))
-        if unknown:
-            raise ValueError(f"Sampler '{self.sampler}' takes no parameter(s) "
-                             f"{sorted(unknown)}")
+        check_sampler(self.sampler, self.sampler_args)
 
 
 def build_model(config: TrainConfig, in_channels: int, out_channels: int) -> torch.nn.Module:
@@ -136,8 +130,11 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     _broadcast_params(model)
     pyg_dist.nn.distribute(model, data, precompute_layer0=config.precompute_layer0)
     ctx, stats = model.dist_context, model.comm_stats
+    sampler_args = dict(config.sampler_args)
+    if config.sampler == "vr":  # PSC's coefficient c_ij is GCN's; others aggregate plainly
+        sampler_args.setdefault("coefficient", "gcn" if config.model == "gcn" else "uniform")
     sampler = build_sampler(config.sampler, data, seed=config.seed, stats=stats,
-                            **config.sampler_args)
+                            **sampler_args)
     sampler.attach(ctx)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)

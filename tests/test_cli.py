@@ -7,8 +7,8 @@ import sys
 import pytest
 
 METRIC_KEYS = {"epoch", "loss", "train_acc", "val_acc", "test_acc", "time",
-               "time_compute", "time_comm", "time_reduce", "bytes_sent",
-               "peak_mem_bytes"}
+               "time_compute", "time_comm", "time_reduce", "time_sample", "bytes_sent",
+               "halo_rows", "halo_rows_total", "peak_mem_bytes"}
 
 
 def run(*args, check=True):
@@ -31,12 +31,26 @@ def test_partition_info_train(tmp_path):
     assert rows[-1]["world_size"] == 2 and rows[-1]["bytes_sent"] > 0
     summary = json.load(open(os.path.join(out, "summary.json")))
     assert summary["world_size"] == 2 and 0.0 <= summary["test_acc"] <= 1.0
+    full_bytes = rows[-1]["bytes_sent"]
+
+    sampled = str(tmp_path / "bns")
+    run("train", "--root", root, "--out", sampled, "--epochs", "3", "--hidden", "16",
+        "--no-progress", "--model", "gcn", "--sampler", "bns", "--p", "0.1",
+        "--precompute-layer0")
+    rows = [json.loads(line) for line in open(os.path.join(sampled, "metrics.jsonl"))]
+    assert all(r["halo_rows"] < 0.3 * r["halo_rows_total"] for r in rows)
+    # Epoch 1 also pays the one-off exact aggregation of layer 0.
+    assert all(r["bytes_sent"] < 0.3 * full_bytes for r in rows[1:])
+    summary = json.load(open(os.path.join(sampled, "summary.json")))
+    assert summary["config"]["sampler_args"] == {"p": 0.1}
 
 
 @pytest.mark.parametrize("args,message", [
     (["--model", "mlp"], "invalid choice"),
     (["--dropout", "1.5"], "dropout must be in [0, 1)"),
     (["--lr", "0"], "lr must be > 0"),
+    (["--sampler", "bns", "--rate", "0.1"], "--rate do(es) not apply to --sampler bns"),
+    (["--sampler", "bns", "--p", "2"], "p must be in [0, 1]"),
 ])
 def test_bad_hyper_parameters(tmp_path, args, message):
     p = run("train", "--root", str(tmp_path), *args, check=False)

@@ -27,19 +27,25 @@ def sampler_params(name: str) -> Dict[str, Any]:
             if k not in skip}
 
 
-def build_sampler(name: str, data: DistData, seed: int = 0, group=None,
-                  stats: Optional[CommStats] = None, **params: Any) -> BoundarySampler:
-    r"""The sampler registered as :obj:`name` (see :data:`SAMPLERS`); a
-    parameter it does not take is an error, not silently ignored."""
+def check_sampler(name: str, params: Dict[str, Any]) -> None:
+    r"""Raises :class:`ValueError` for an unknown sampler, a parameter it
+    does not take (never silently ignored) or an invalid value."""
     if name not in SAMPLERS:
         raise ValueError(f"Unknown sampler '{name}' (choose from {', '.join(SAMPLERS)})")
     unknown = set(params) - set(sampler_params(name))
     if unknown:
         raise ValueError(f"Sampler '{name}' takes no parameter(s) {sorted(unknown)} "
                          f"(it takes {sorted(sampler_params(name)) or 'none'})")
+    SAMPLERS[name].check(**params)
+
+
+def build_sampler(name: str, data: DistData, seed: int = 0, group=None,
+                  stats: Optional[CommStats] = None, **params: Any) -> BoundarySampler:
+    r"""The sampler registered as :obj:`name` (see :data:`SAMPLERS`)."""
+    check_sampler(name, params)
     return SAMPLERS[name](data, seed=seed, group=group, stats=stats, **params)
 
 
 __all__ = ["BoundarySampler", "FullSampler", "BNSSampler", "VarianceReductionSampler",
-           "DropEdgeSampler", "BoundaryEdgeSampler", "SAMPLERS", "build_sampler",
+           "DropEdgeSampler", "BoundaryEdgeSampler", "SAMPLERS", "build_sampler", "check_sampler",
            "sampler_params", "vr_probabilities", "sampling_variance"]

@@ -23,8 +23,8 @@ class BoundarySampler:
     All ranks call :meth:`plan` with the same iteration in step (samplers
     whose receivers decide alone tell the owners in one collective).
 
-    Subclasses implement :meth:`plan`; those that learn from the
-    embeddings the layers exchange override :meth:`attach`.
+    Subclasses implement :meth:`plan` and :meth:`check`; those that learn
+    from the embeddings the layers exchange override :meth:`attach`.
 
     Args:
         data: this rank's partition.
@@ -45,6 +45,11 @@ class BoundarySampler:
         self.device = data.edge_index.device
         src = data.edge_index[0]
         self.halo_edge = src >= data.num_inner  # edges from a halo source
+
+    @classmethod
+    def check(cls, **params) -> None:
+        r"""Raises :class:`ValueError` for invalid hyper-parameters (called
+        before any partition is loaded, so a bad flag fails fast)."""
 
     def plan(self, iteration: int) -> HaloPlan:
         raise NotImplementedError

@@ -49,12 +49,17 @@ class BNSSampler(BoundarySampler):
     def __init__(self, data: DistData, p: float = 0.1, seed: int = 0, group=None,
                  stats: Optional[CommStats] = None) -> None:
         super().__init__(data, seed, group, stats)
-        self.p = validate_probability("p", p)
+        self.check(p=p)
+        self.p = float(p)
         self.edge_scale = None
         if 0 < self.p < 1:
             one = torch.ones((), dtype=data.adj_t.dtype, device=self.device)
             self.edge_scale = torch.where(self.halo_edge, one / self.p, one)
         self._isolated: Optional[HaloPlan] = None
+
+    @classmethod
+    def check(cls, p: float = 0.1) -> None:
+        validate_probability("p", p)
 
     def plan(self, iteration: int) -> HaloPlan:
         if self.p == 1:

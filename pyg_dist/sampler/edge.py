@@ -19,7 +19,12 @@ class _EdgeSampler(BoundarySampler):
     def __init__(self, data: DistData, p: float = 0.1, seed: int = 0, group=None,
                  stats: Optional[CommStats] = None) -> None:
         super().__init__(data, seed, group, stats)
-        self.p = validate_probability("p", p, allow_zero=False)
+        self.check(p=p)
+        self.p = float(p)
+
+    @classmethod
+    def check(cls, p: float = 0.1) -> None:
+        validate_probability("p", p, allow_zero=False)
 
     def plan(self, iteration: int) -> HaloPlan:
         if self.p == 1:

@@ -102,14 +102,9 @@ class VarianceReductionSampler(BoundarySampler):
                  coefficient: str = "gcn", seed: int = 0, group=None,
                  stats: Optional[CommStats] = None) -> None:
         super().__init__(data, seed, group, stats)
-        self.rate = validate_probability("rate", rate, allow_zero=False)
-        if refresh < 1:
-            raise ValueError(f"refresh must be >= 1 (got {refresh})")
-        if inner_weight <= 0 or halo_weight <= 0:
-            raise ValueError(f"inner_weight and halo_weight must be > 0 "
-                             f"(got {inner_weight}, {halo_weight})")
-        if coefficient not in ("gcn", "uniform"):
-            raise ValueError(f"coefficient must be 'gcn' or 'uniform' (got {coefficient!r})")
+        self.check(rate=rate, refresh=refresh, inner_weight=inner_weight,
+                   halo_weight=halo_weight, coefficient=coefficient)
+        self.rate = float(rate)
         self.refresh, self.coefficient = refresh, coefficient
         self.inner_weight, self.halo_weight = inner_weight, halo_weight
         src = data.edge_index[0]
@@ -121,6 +116,18 @@ class VarianceReductionSampler(BoundarySampler):
         self.probability = torch.full_like(prior, self.rate)
         self.refreshed_at: Optional[int] = None
         self._row_norms: Dict[str, Tensor] = {}  # per layer: ‖h_j‖² of every source row
+
+    @classmethod
+    def check(cls, rate: float = 0.1, refresh: int = 100, inner_weight: float = 1.1,
+              halo_weight: float = 1.0, coefficient: str = "gcn") -> None:
+        validate_probability("rate", rate, allow_zero=False)
+        if refresh < 1:
+            raise ValueError(f"refresh must be >= 1 (got {refresh})")
+        if inner_weight <= 0 or halo_weight <= 0:
+            raise ValueError(f"inner_weight and halo_weight must be > 0 "
+                             f"(got {inner_weight}, {halo_weight})")
+        if coefficient not in ("gcn", "uniform"):
+            raise ValueError(f"coefficient must be 'gcn' or 'uniform' (got {coefficient!r})")
 
     def attach(self, ctx) -> None:
         ctx.observers.append(self.observe)
