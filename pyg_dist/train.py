@@ -161,25 +161,26 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
         optimizer.step()
         step_time = time.perf_counter() - start
         row = {"epoch": epoch}
+        peak = peak_memory_bytes(device)
         sums = torch.tensor([loss.item(), stats.total_bytes_sent, stats.total_bytes_recv,
-                             plan.num_recv, data.num_halo],
+                             plan.num_recv, data.num_halo, peak],
                             dtype=torch.double, device=device)
         maxes = torch.tensor([step_time, stats.time["comm"], stats.time["reduce"],
-                              stats.time["sample"], peak_memory_bytes(device)],
-                             dtype=torch.double, device=device)
+                              stats.time["sample"], peak], dtype=torch.double, device=device)
         if epoch % config.eval_every == 0 or epoch == config.epochs:
             model.eval()  # always on the exact plan
             with torch.no_grad():
                 sums = torch.cat([sums, _correct_counts(model(data.x, data.adj_t), data)])
         sums, maxes = sum_over_ranks(sums), max_over_ranks(maxes)
-        row.update(loss=float(sums[0]), **(_accuracies(sums[5:]) if sums.numel() > 5 else
+        row.update(loss=float(sums[0]), **(_accuracies(sums[6:]) if sums.numel() > 6 else
                                           dict.fromkeys(f"{m}_acc" for m in MASKS)))
         row.update(time=float(maxes[0]), time_comm=float(maxes[1]),
                    time_reduce=float(maxes[2]), time_sample=float(maxes[3]),
                    time_compute=float(maxes[0] - maxes[1] - maxes[2] - maxes[3]),
                    bytes_sent=int(sums[1]), bytes_recv=int(sums[2]),
                    halo_rows=int(sums[3]), halo_rows_total=int(sums[4]),
-                   peak_mem_bytes=int(maxes[4]), world_size=world)
+                   peak_mem_bytes=int(maxes[4]), peak_mem_bytes_mean=int(sums[5] / world),
+                   world_size=world)
         history.append(row)
         if writer:
             writer.epoch(row)
@@ -223,6 +224,7 @@ def summarize(history: List[Dict[str, Any]], config: TrainConfig, world: int) ->
         "halo_rows_per_epoch": mean("halo_rows"),
         "halo_rows_total": last["halo_rows_total"],
         "peak_mem_bytes": max(r["peak_mem_bytes"] for r in history),
+        "peak_mem_bytes_mean": max(r["peak_mem_bytes_mean"] for r in history),
     }
 
 
@@ -282,6 +284,7 @@ def train_single_process(data: Data, config: TrainConfig):
         row = {"epoch": epoch, "loss": loss.item(), "time": time.perf_counter() - start,
                "time_comm": 0.0, "time_reduce": 0.0, "time_sample": 0.0, "bytes_sent": 0,
                "halo_rows": 0, "halo_rows_total": 0, "peak_mem_bytes": peak_memory_bytes()}
+        row["peak_mem_bytes_mean"] = row["peak_mem_bytes"]
         row["time_compute"] = row["time"]
         if epoch % config.eval_every == 0 or epoch == config.epochs:
             model.eval()

@@ -1,8 +1,7 @@
 """``HaloPlan``: which rows travel in one iteration's halo exchanges, and the
 local graph the layers aggregate over with them."""
 import warnings
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -11,7 +10,33 @@ from torch import Tensor
 SUM_AGGRS = ("add", "sum")
 
 
-@dataclass
+class EdgePatch(NamedTuple):
+    r"""A sampled graph written as a change of the partition's graph: the
+    edges at ``position`` (in partition edge order) take source ``col`` (a
+    source id of the plan) and have their weight multiplied by ``factor``
+    (0: dropped, kept as a zero entry). Patching touches only these edges,
+    and the CSR keeps the partition's row structure."""
+    position: Tensor
+    col: Tensor
+    factor: Tensor
+
+    def apply(self, adj_t: Tensor, num_cols: int,
+              position_map: Optional[Tensor] = None) -> Tensor:
+        pos = self.position if position_map is None else position_map[self.position]
+        col = adj_t.col_indices().clone()
+        col[pos] = self.col
+        value = adj_t.values().clone()
+        value[pos] *= self.factor.to(value.dtype)
+        return _csr_tensor(adj_t.crow_indices(), col, value, (adj_t.size(0), num_cols))
+
+
+class CompactGraph(NamedTuple):
+    r"""The surviving edges only, sources relabelled to the plan's ids."""
+    edge_index: Tensor
+    edge_id: Tensor  # positions in the partition's edge order
+    edge_scale: Optional[Tensor]  # 1/p per surviving edge
+
+
 class HaloPlan:
     r"""One iteration's halo exchange and the local graph it serves.
 
@@ -19,75 +44,67 @@ class HaloPlan:
     peer in rank order with ``send_counts[q]`` rows for peer ``q``; the
     receiver gets ``recv_counts[q]`` rows from each peer ``q`` (the split
     sizes of ``all_to_all_single``), which fill its *received halo block* in
-    order.
+    order. ``halo_index`` says which of the partition's halo rows these are
+    (``None``: all). ``skip_exchange`` is set when every rank knows that no
+    rank exchanges a row (isolated partitions), so no collective runs.
 
     Graph: sources are ``[inner | received halo]`` (``num_src`` rows),
-    targets the ``num_inner`` inner nodes. ``halo_index`` says which of the
-    partition's halo rows were received (``None``: all), ``edge_id`` which
-    of the partition's edges survive (``None``: all) and ``edge_scale`` the
-    factor :math:`1/p` each surviving edge's contribution is multiplied by
-    so that sampled sums stay unbiased (``None``: no scaling). A plan with
-    all three ``None`` is the exact one.
-
-    ``skip_exchange`` is set when every rank knows that no rank exchanges a
-    row (isolated partitions), so the collective itself can be skipped.
+    targets the ``num_inner`` inner nodes. A sampled plan keeps some edges
+    and scales each kept contribution by :math:`1/p` so that aggregations
+    stay unbiased. It is given either per edge (``edge_keep`` /
+    ``edge_scale`` over the partition's edges) or, when few edges change
+    (BNS drops only cut edges), as an :class:`EdgePatch`; layers ask for
+    the form they run on with :meth:`adjacency`, built once per plan.
     """
-    send_index: Tensor
-    send_counts: List[int]
-    recv_counts: List[int]
-    num_inner: int
-    edge_index: Tensor
-    adj_t: Tensor
-    halo_index: Optional[Tensor] = None
-    edge_id: Optional[Tensor] = None
-    edge_scale: Optional[Tensor] = None
-    skip_exchange: bool = False
-    _cache: Dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __init__(self, data, send_index: Tensor, send_counts: List[int],
+                 recv_counts: List[int], halo_index: Optional[Tensor] = None,
+                 edge_keep: Optional[Tensor] = None, edge_scale: Optional[Tensor] = None,
+                 patch: Optional[EdgePatch] = None, skip_exchange: bool = False) -> None:
+        self.data = data
+        self.send_index = send_index
+        self.send_counts = send_counts
+        self.recv_counts = recv_counts
+        self.num_inner = data.num_inner
+        self.halo_index = halo_index
+        self.edge_keep = edge_keep
+        self.edge_scale = edge_scale
+        self.patch = patch
+        self.skip_exchange = skip_exchange
+        self.cache: Dict[Any, Any] = {}  # values derived from the plan, shared by layers
 
     @classmethod
-    def full(cls, data, skip_exchange: bool = False) -> "HaloPlan":
+    def full(cls, data) -> "HaloPlan":
         r"""The exact plan of a :class:`~pyg_dist.DistData`: every halo row
         and every edge, unscaled."""
-        return cls(data.send_index, data.send_counts.tolist(), data.recv_counts.tolist(),
-                   data.num_inner, data.edge_index, data.adj_t,
-                   skip_exchange=skip_exchange)
+        return cls(data, data.send_index, data.send_counts.tolist(),
+                   data.recv_counts.tolist())
 
     @classmethod
     def sampled(cls, data, send_keep: Tensor, halo_keep: Tensor,
                 edge_keep: Optional[Tensor] = None, edge_scale: Optional[Tensor] = None,
-                skip_exchange: bool = False) -> "HaloPlan":
+                patch: Optional[EdgePatch] = None, skip_exchange: bool = False
+                ) -> "HaloPlan":
         r"""The plan that sends the rows of ``data.send_index`` selected by
-        :obj:`send_keep`, receives the halo rows selected by
-        :obj:`halo_keep`, and keeps the edges selected by :obj:`edge_keep`
-        (default: all) whose source is inner or a received halo row, each
-        scaled by its entry of :obj:`edge_scale` (per partition edge;
-        default: none).
+        :obj:`send_keep` and receives the halo rows selected by
+        :obj:`halo_keep`. Its edges: those selected by :obj:`edge_keep`
+        (default: all) whose source is inner or received, scaled by
+        :obj:`edge_scale` (per partition edge; default: unscaled), or the
+        partition's graph changed by :obj:`patch`.
 
         The caller guarantees that every peer's :obj:`send_keep` matches
         this rank's :obj:`halo_keep` row for row.
         """
-        num_parts, num_inner = data.num_parts, data.num_inner
-        src, dst = data.edge_index
-        keep = torch.cat([halo_keep.new_ones(num_inner), halo_keep])[src]
-        if edge_keep is not None:
-            keep &= edge_keep
-        edge_id = keep.nonzero().view(-1)
-        # Compact source ids: inner rows stay, received halo rows follow in order.
-        src_map = torch.cat([torch.arange(num_inner, device=src.device),
-                             num_inner + halo_keep.cumsum(0) - 1])
-        edge_index = torch.stack([src_map[src[edge_id]], dst[edge_id]])
-        scale = None if edge_scale is None else edge_scale[edge_id].to(data.adj_t.dtype)
+        num_parts = data.num_parts
+        device = data.send_index.device
         send_owner = torch.repeat_interleave(
-            torch.arange(num_parts, device=src.device), data.send_counts.to(src.device),
+            torch.arange(num_parts, device=device), data.send_counts.to(device),
             output_size=data.send_index.numel())
-        num_src = num_inner + int(halo_keep.sum())
-        plan = cls(data.send_index[send_keep], _counts(send_owner[send_keep], num_parts),
-                   _counts(data.halo_owner[halo_keep], num_parts), num_inner, edge_index,
-                   csr(edge_index, scale, num_inner, num_src, data.adj_t.dtype),
-                   halo_index=halo_keep.nonzero().view(-1), edge_id=edge_id,
-                   edge_scale=scale, skip_exchange=skip_exchange)
-        plan._cache["in_degree"] = data.deg_in[:num_inner]
-        return plan
+        return cls(data, data.send_index[send_keep],
+                   _counts(send_owner[send_keep], num_parts),
+                   _counts(data.halo_owner[halo_keep], num_parts),
+                   halo_index=halo_keep.nonzero().view(-1), edge_keep=edge_keep,
+                   edge_scale=edge_scale, patch=patch, skip_exchange=skip_exchange)
 
     @property
     def num_send(self) -> int:
@@ -103,72 +120,128 @@ class HaloPlan:
 
     @property
     def is_exact(self) -> bool:
-        return self.halo_index is None and self.edge_id is None and self.edge_scale is None
+        return (self.halo_index is None and self.edge_keep is None
+                and self.edge_scale is None and self.patch is None)
+
+    def source_map(self) -> Tensor:
+        r"""Partition source id → this plan's source id (``-1``: not received)."""
+        num_halo = self.data.num_halo
+        device = self.send_index.device
+        if self.halo_index is None:
+            return torch.arange(self.num_inner + num_halo, device=device)
+        out = torch.full((self.num_inner + num_halo, ), -1, dtype=torch.long, device=device)
+        out[:self.num_inner] = torch.arange(self.num_inner, device=device)
+        out[self.num_inner + self.halo_index] = torch.arange(self.num_inner, self.num_src,
+                                                             device=device)
+        return out
+
+    def edge_factor(self) -> Optional[Tensor]:
+        r"""Per partition edge: :math:`1/p` if it survives, 0 if not
+        (``None`` for the exact plan)."""
+        if self.is_exact:
+            return None
+        if "edge_factor" not in self.cache:
+            src = self.data.edge_index[0]
+            dtype = self.data.adj_t.dtype
+            if self.patch is not None:
+                factor = torch.ones(src.numel(), dtype=dtype, device=src.device)
+                factor[self.patch.position] = self.patch.factor.to(dtype)
+            else:
+                factor = (torch.ones(src.numel(), dtype=dtype, device=src.device)
+                          if self.edge_scale is None else self.edge_scale.to(dtype))
+                keep = self.source_map()[src] >= 0
+                if self.edge_keep is not None:
+                    keep &= self.edge_keep
+                factor = factor * keep
+            self.cache["edge_factor"] = factor
+        return self.cache["edge_factor"]
+
+    def compact(self) -> CompactGraph:
+        r"""The surviving edges, sources in this plan's ids."""
+        if "compact" not in self.cache:
+            src, dst = self.data.edge_index
+            if self.is_exact:
+                graph = CompactGraph(self.data.edge_index,
+                                     torch.arange(src.numel(), device=src.device), None)
+            else:
+                factor = self.edge_factor()
+                edge_id = factor.nonzero().view(-1)
+                scaled = self.edge_scale is not None or self.patch is not None
+                graph = CompactGraph(torch.stack([self.source_map()[src[edge_id]],
+                                                  dst[edge_id]]),
+                                     edge_id, factor[edge_id] if scaled else None)
+            self.cache["compact"] = graph
+        return self.cache["compact"]
+
+    @property
+    def edge_index(self) -> Tensor:
+        return self.data.edge_index if self.is_exact else self.compact().edge_index
+
+    def edges(self, value: Tensor) -> Tensor:
+        r"""The rows of a per-edge tensor of the partition (e.g.
+        ``edge_attr``) that belong to the surviving edges."""
+        return value if self.is_exact else value[self.compact().edge_id]
 
     def edge_weight(self, aggr: Optional[str]) -> Optional[Tensor]:
-        r"""The weight per surviving edge that makes a sampled aggregation
-        :obj:`aggr` an unbiased estimate of the exact one:
+        r"""The weight per surviving edge (:meth:`compact` order) that makes
+        a sampled aggregation :obj:`aggr` an unbiased estimate of the exact
+        one:
 
         * sum: :math:`1/p_{ij}`;
         * mean: :math:`\frac{1}{p_{ij}} \cdot \frac{|\tilde{\mathcal N}(i)|}
           {|\mathcal N(i)|}`, since the aggregation divides by the number of
           *surviving* neighbours :math:`|\tilde{\mathcal N}(i)|` while the
           exact mean divides by all of them;
-        * anything else (max, min, learnable): ``None``, the sampled graph
-          is used unweighted.
+        * anything else (max, min, learnable), or a plan without scale (a
+          plain subgraph, e.g. isolated partitions): ``None``, the sampled
+          graph is used unweighted.
         """
-        if self.edge_scale is None or aggr not in SUM_AGGRS + ("mean", ):
+        if self.is_exact or aggr not in SUM_AGGRS + ("mean", ):
             return None
-        if aggr in SUM_AGGRS:
-            return self.edge_scale
-        if "mean" not in self._cache:
-            dst = self.edge_index[1]
+        scale = self.compact().edge_scale
+        if scale is None or aggr in SUM_AGGRS:
+            return scale
+        if "mean" not in self.cache:
+            dst = self.compact().edge_index[1]
             kept = torch.bincount(dst, minlength=self.num_inner)
-            full = self._cache["in_degree"]
-            self._cache["mean"] = self.edge_scale * (kept[dst] / full[dst].clamp(min=1))
-        return self._cache["mean"]
+            full = self.data.deg_in[:self.num_inner]
+            self.cache["mean"] = scale * (kept[dst] / full[dst].clamp(min=1))
+        return self.cache["mean"]
 
     def adjacency(self, aggr: Optional[str], fused: bool):
-        r"""The plan's graph for a layer aggregating with :obj:`aggr`: a CSR
-        ``adj_t`` whose values are :meth:`edge_weight` (fused path) or the
-        ``edge_index`` (per-edge path, where the weight is applied to the
-        messages)."""
+        r"""The plan's graph for a layer aggregating with :obj:`aggr`: the
+        ``edge_index`` of the surviving edges (per-edge path: the weights of
+        :meth:`edge_weight` go on the messages) or a CSR ``adj_t`` whose
+        values carry them (fused path). With a patch, sums and means run on
+        the partition's CSR with dropped edges as zero entries: its row
+        lengths stay the full degrees, which is exactly the mean's unbiased
+        denominator."""
+        if self.is_exact:
+            return self.data.adj_t if fused else self.data.edge_index
         if not fused:
             return self.edge_index
-        weight = self.edge_weight(aggr)
-        if weight is self.edge_scale:  # a sum, or an unscaled plan
-            return self.adj_t
-        key = ("adj_t", None if weight is None else aggr)
-        if key not in self._cache:
-            self._cache[key] = csr(self.edge_index, weight, self.num_inner, self.num_src,
-                                   self.adj_t.dtype)
-        return self._cache[key]
-
-    def edges(self, value: Tensor) -> Tensor:
-        r"""The rows of a per-edge tensor of the partition (e.g.
-        ``edge_attr``) that belong to this plan's surviving edges."""
-        return value if self.edge_id is None else value[self.edge_id]
-
-    def source_map(self, num_halo: int) -> Tensor:
-        r"""Partition source id → this plan's source id (``-1``: not received)."""
-        if self.halo_index is None:
-            return torch.arange(self.num_inner + num_halo, device=self.edge_index.device)
-        out = torch.full((self.num_inner + num_halo, ), -1, dtype=torch.long,
-                         device=self.edge_index.device)
-        out[:self.num_inner] = torch.arange(self.num_inner, device=out.device)
-        out[self.num_inner + self.halo_index] = torch.arange(
-            self.num_inner, self.num_src, device=out.device)
-        return out
-
-    @property
-    def cache(self) -> Dict[Any, Any]:
-        r"""Per-plan storage for values derived from it (e.g. the GCN-normalised
-        adjacency), shared by all layers of one iteration."""
-        return self._cache
+        if self.patch is not None and aggr in SUM_AGGRS + ("mean", ):
+            key = ("adj_t", "patched")
+        else:
+            key = ("adj_t", aggr if aggr in SUM_AGGRS + ("mean", ) else None)
+        if key not in self.cache:
+            if key[1] == "patched":
+                adj = self.patch.apply(self.data.adj_t, self.num_src)
+            else:
+                adj = csr(self.edge_index, self.edge_weight(aggr), self.num_inner,
+                          self.num_src, self.data.adj_t.dtype)
+            self.cache[key] = adj
+        return self.cache[key]
 
 
 def _counts(owner: Tensor, num_parts: int) -> List[int]:
     return torch.bincount(owner, minlength=num_parts).tolist()
+
+
+def _csr_tensor(crow: Tensor, col: Tensor, value: Tensor, size) -> Tensor:
+    with warnings.catch_warnings():  # "CSR support is in beta"
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(crow, col, value, size, check_invariants=False)
 
 
 def csr(edge_index: Tensor, value: Optional[Tensor], num_rows: int, num_cols: int,
@@ -180,7 +253,4 @@ def csr(edge_index: Tensor, value: Optional[Tensor], num_rows: int, num_cols: in
     crow[1:] = torch.bincount(dst, minlength=num_rows).cumsum(0)
     if value is None:
         value = torch.ones(src.numel(), dtype=dtype, device=src.device)
-    with warnings.catch_warnings():  # "CSR support is in beta"
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(crow, src, value, (num_rows, num_cols),
-                                       check_invariants=False)
+    return _csr_tensor(crow, src, value, (num_rows, num_cols))

@@ -17,12 +17,14 @@ Observer = Callable[[str, Tensor, HaloPlan], None]
 
 class GCNNorm(NamedTuple):
     r"""GCN-normalised edges of the partition's graph plus self-loops, sorted
-    by (target, source); ``edge_id`` is ``-1`` for the added self-loops."""
+    by (target, source); ``edge_id`` is ``-1`` for the added self-loops and
+    ``position[e]`` is where partition edge ``e`` went."""
     src: Tensor
     dst: Tensor
     weight: Tensor
     edge_id: Tensor
-    adj_t: Tensor
+    adj_t: Optional[Tensor]
+    position: Optional[Tensor]
 
 
 class DistContext:
@@ -102,8 +104,7 @@ class DistContext:
         return hit[2]
 
     def is_local_graph(self, edge_index) -> bool:
-        return any(edge_index is g for g in (self.data.edge_index, self.data.adj_t,
-                                             self.plan.edge_index, self.plan.adj_t))
+        return edge_index is self.data.edge_index or edge_index is self.data.adj_t
 
     def adjacency(self, edge_index, fused: bool, aggr: Optional[str] = None):
         r"""The plan's graph as CSR ``adj_t`` (fused sparse aggregation,
@@ -167,16 +168,16 @@ class DistContext:
             return norm.adj_t, None
         if edge_weight is None and ("gcn_norm", key) in plan.cache:
             return plan.cache[("gcn_norm", key)], None
-        # Sampling scale per partition edge (0: dropped); self-loops always stay.
-        num_edges = self.data.edge_index.size(1)
-        scale = norm.weight.new_zeros(num_edges + 1)
-        scale[num_edges] = 1.0
-        scale[plan.edge_id] = 1.0 if plan.edge_scale is None else plan.edge_scale.to(dtype)
-        scale = scale[torch.where(norm.edge_id < 0, num_edges, norm.edge_id)]
-        keep = (scale != 0).nonzero().view(-1)
-        src = plan.source_map(self.data.num_halo)[norm.src[keep]]
-        adj_t = csr(torch.stack([src, norm.dst[keep]]), norm.weight[keep] * scale[keep],
-                    self.num_inner, plan.num_src)
+        if plan.patch is not None:  # few edges change: patch the cached CSR
+            adj_t = plan.patch.apply(norm.adj_t, plan.num_src, norm.position)
+        else:  # factor 1/p or 0 per partition edge; self-loops always stay
+            factor = torch.cat([plan.edge_factor().to(dtype), norm.weight.new_ones(1)])
+            num_edges = factor.numel() - 1
+            factor = factor[torch.where(norm.edge_id < 0, num_edges, norm.edge_id)]
+            keep = factor.nonzero().view(-1)
+            src = plan.source_map()[norm.src[keep]]
+            adj_t = csr(torch.stack([src, norm.dst[keep]]), norm.weight[keep] * factor[keep],
+                        self.num_inner, plan.num_src)
         if edge_weight is None:
             plan.cache[("gcn_norm", key)] = adj_t
         return adj_t, None
@@ -202,8 +203,11 @@ class DistContext:
         deg_inv_sqrt = deg.pow(-0.5).masked_fill_(deg == 0, 0.0)
         weight = deg_inv_sqrt[src] * weight * deg_inv_sqrt[dst]
         if not sort:
-            return GCNNorm(src, dst, weight, edge_id, None)
+            return GCNNorm(src, dst, weight, edge_id, None, None)
         order = torch.argsort(dst * (self.num_inner + self.data.num_halo) + src)
         src, dst, weight, edge_id = src[order], dst[order], weight[order], edge_id[order]
         adj_t = self.data.csr_adj_t(torch.stack([src, dst]), weight)
-        return GCNNorm(src, dst, weight, edge_id, adj_t)
+        is_edge = (edge_id >= 0).nonzero().view(-1)
+        position = torch.empty_like(is_edge)
+        position[edge_id[is_edge]] = is_edge
+        return GCNNorm(src, dst, weight, edge_id, adj_t, position)

@@ -5,6 +5,7 @@ import torch
 from torch import Tensor
 
 from pyg_dist.comm import HaloPlan
+from pyg_dist.comm.plan import EdgePatch
 from pyg_dist.data import DistData
 from pyg_dist.metrics import CommStats
 from pyg_dist.sampler.base import BoundarySampler, validate_probability
@@ -26,9 +27,12 @@ class BNSSampler(BoundarySampler):
         \frac{\chi_j}{p} w_{ji} \mathbf{h}_j,
         \qquad \chi_j \sim \mathrm{Bernoulli}(p),
 
-    an unbiased estimate of the exact sum (and, through
-    :meth:`~pyg_dist.comm.HaloPlan.edge_weight`, of the exact mean and GCN
-    aggregation, which keeps the whole graph's degree normalisation).
+    an unbiased estimate of the exact sum, mean (divided by the full
+    degree) and GCN aggregation (which keeps the whole graph's degree
+    normalisation). A plan is a patch of the cut edges only
+    (:class:`~pyg_dist.comm.plan.EdgePatch`: new source id, weight
+    :math:`\chi_j/p`), so sampling costs :math:`O(|E_{\mathrm{cut}}|)`, not
+    :math:`O(|E|)`, per iteration.
     Attention layers (GAT) get the sampled graph unscaled: the softmax
     renormalises over the kept neighbours. :math:`p = 1` is the exact plan
     itself; :math:`p = 0` isolates the partitions (no exchange at all).
@@ -51,10 +55,9 @@ class BNSSampler(BoundarySampler):
         super().__init__(data, seed, group, stats)
         self.check(p=p)
         self.p = float(p)
-        self.edge_scale = None
-        if 0 < self.p < 1:
-            one = torch.ones((), dtype=data.adj_t.dtype, device=self.device)
-            self.edge_scale = torch.where(self.halo_edge, one / self.p, one)
+        # Only cut edges change: plans patch them in the partition's graph.
+        self.cut_edge = self.halo_edge.nonzero().view(-1)
+        self.cut_src = data.edge_index[0][self.cut_edge] - data.num_inner  # halo row
         self._isolated: Optional[HaloPlan] = None
 
     @classmethod
@@ -67,7 +70,7 @@ class BNSSampler(BoundarySampler):
         if self.p == 0:
             if self._isolated is None:
                 none = torch.zeros(self.data.num_halo, dtype=torch.bool, device=self.device)
-                self._isolated = HaloPlan.sampled(
+                self._isolated = HaloPlan.sampled(  # the inner subgraph, unscaled
                     self.data, none.new_zeros(self.data.send_index.numel()), none,
                     skip_exchange=True)
             return self._isolated
@@ -75,7 +78,11 @@ class BNSSampler(BoundarySampler):
                                lambda owner: (owner, self.rank))
         send_keep = self._draw(self.data.send_counts.tolist(), iteration,
                                lambda receiver: (self.rank, receiver))
-        return HaloPlan.sampled(self.data, send_keep, halo_keep, edge_scale=self.edge_scale)
+        kept = halo_keep[self.cut_src]
+        new_id = self.data.num_inner + halo_keep.cumsum(0) - 1
+        patch = EdgePatch(self.cut_edge, torch.where(kept, new_id[self.cut_src], 0),
+                          kept / self.p)
+        return HaloPlan.sampled(self.data, send_keep, halo_keep, patch=patch)
 
     def _draw(self, counts: List[int], iteration: int, pair) -> Tensor:
         r"""Bernoulli(p) per row, one generator per (owner, receiver) pair."""
