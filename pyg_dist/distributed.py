@@ -38,6 +38,10 @@ def init(backend: Optional[str] = None, init_method: Optional[str] = None,
     if init_method is None and "MASTER_ADDR" not in os.environ and world_size in (None, 1):
         init_method = f"tcp://127.0.0.1:{free_port()}"
         rank, world_size = 0, 1
+    elif init_method is None:  # torchrun's environment (torch 2.13 wants rank and size)
+        init_method = "env://"
+        rank = int(os.environ["RANK"]) if rank is None else rank
+        world_size = int(os.environ["WORLD_SIZE"]) if world_size is None else world_size
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group(backend, init_method=init_method, rank=rank,

@@ -60,3 +60,18 @@ def test_bad_hyper_parameters(tmp_path, args, message):
 def test_missing_partition_dir(tmp_path):
     p = run("train", "--root", str(tmp_path / "none"), check=False)
     assert p.returncode == 1 and "meta.json" in p.stderr
+
+
+def test_torchrun(tmp_path):
+    r"""Real torchrun: two ranks join through its environment."""
+    root, out = str(tmp_path / "parts"), str(tmp_path / "run")
+    run("partition", "--num-nodes", "2000", "--num-parts", "2", "--root", root,
+        "--data-dir", str(tmp_path / "data"))
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                    "--master-port", "0", "-m", "pyg_dist.cli", "train", "--root", root,
+                    "--out", out, "--epochs", "2", "--hidden", "8", "--no-progress",
+                    "--sampler", "bns", "--p", "0.5"],
+                   env=env, capture_output=True, text=True, timeout=300, check=True)
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert len(rows) == 2 and rows[-1]["world_size"] == 2

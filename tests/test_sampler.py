@@ -180,3 +180,21 @@ def test_config_rejects_unknown_sampler_or_parameter():
         TrainConfig(sampler="nope").validate()
     with pytest.raises(ValueError, match="no parameter"):
         TrainConfig(sampler="bns", sampler_args={"rate": 0.1}).validate()
+
+
+def test_vr_rows_never_seen_get_the_mean_norm(tmp_path):
+    r"""A halo row no sampled plan fetched yet must not look like a zero
+    embedding (it would get p ≈ 0 and never be fetched again)."""
+    from pyg_dist.comm import HaloPlan
+    from pyg_dist.sampler import VarianceReductionSampler
+    from tests.conftest import small_graph
+    pyg_dist.partition_graph(small_graph(), 2, root=str(tmp_path))
+    part = pyg_dist.DistData.load(str(tmp_path), 0, world_size=2)
+    vr = VarianceReductionSampler(part, rate=0.3, coefficient="uniform", halo_weight=1.0)
+    halo_keep = torch.arange(part.num_halo) % 2 == 0
+    plan = HaloPlan.sampled(part, torch.zeros(part.send_index.numel(), dtype=torch.bool),
+                            halo_keep)
+    vr.observe("layer", torch.full((plan.num_src, 4), 2.0), plan)  # every norm is 4
+    halo = vr.halo_edge
+    assert torch.allclose(vr.edge_weights()[halo], torch.full((int(halo.sum()), ), 4.0,
+                                                              dtype=torch.double))

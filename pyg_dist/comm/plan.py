@@ -24,7 +24,7 @@ class EdgePatch(NamedTuple):
               position_map: Optional[Tensor] = None) -> Tensor:
         pos = self.position if position_map is None else position_map[self.position]
         col = adj_t.col_indices().clone()
-        col[pos] = self.col
+        col[pos] = self.col.to(col.dtype)
         value = adj_t.values().clone()
         value[pos] *= self.factor.to(value.dtype)
         return _csr_tensor(adj_t.crow_indices(), col, value, (adj_t.size(0), num_cols))
@@ -88,9 +88,10 @@ class HaloPlan:
         r"""The plan that sends the rows of ``data.send_index`` selected by
         :obj:`send_keep` and receives the halo rows selected by
         :obj:`halo_keep`. Its edges: those selected by :obj:`edge_keep`
-        (default: all) whose source is inner or received, scaled by
-        :obj:`edge_scale` (per partition edge; default: unscaled), or the
-        partition's graph changed by :obj:`patch`.
+        (their halo sources must be received; default: every edge whose
+        source is inner or received), scaled by :obj:`edge_scale` (per
+        partition edge; default: unscaled), or the partition's graph changed
+        by :obj:`patch`.
 
         The caller guarantees that every peer's :obj:`send_keep` matches
         this rank's :obj:`halo_keep` row for row.
@@ -147,12 +148,10 @@ class HaloPlan:
                 factor = torch.ones(src.numel(), dtype=dtype, device=src.device)
                 factor[self.patch.position] = self.patch.factor.to(dtype)
             else:
-                factor = (torch.ones(src.numel(), dtype=dtype, device=src.device)
-                          if self.edge_scale is None else self.edge_scale.to(dtype))
-                keep = self.source_map()[src] >= 0
-                if self.edge_keep is not None:
-                    keep &= self.edge_keep
-                factor = factor * keep
+                keep = (self.source_map()[src] >= 0 if self.edge_keep is None
+                        else self.edge_keep)
+                factor = keep.to(dtype) if self.edge_scale is None else \
+                    self.edge_scale.to(dtype) * keep
             self.cache["edge_factor"] = factor
         return self.cache["edge_factor"]
 
@@ -164,12 +163,15 @@ class HaloPlan:
                 graph = CompactGraph(self.data.edge_index,
                                      torch.arange(src.numel(), device=src.device), None)
             else:
-                factor = self.edge_factor()
-                edge_id = factor.nonzero().view(-1)
-                scaled = self.edge_scale is not None or self.patch is not None
+                keep = self.edge_factor() if self.edge_keep is None else self.edge_keep
+                edge_id = keep.nonzero().view(-1)
+                if self.patch is not None:
+                    scale = self.edge_factor()[edge_id]
+                else:
+                    scale = None if self.edge_scale is None else \
+                        self.edge_scale[edge_id].to(self.data.adj_t.dtype)
                 graph = CompactGraph(torch.stack([self.source_map()[src[edge_id]],
-                                                  dst[edge_id]]),
-                                     edge_id, factor[edge_id] if scaled else None)
+                                                  dst[edge_id]]), edge_id, scale)
             self.cache["compact"] = graph
         return self.cache["compact"]
 
@@ -249,8 +251,10 @@ def csr(edge_index: Tensor, value: Optional[Tensor], num_rows: int, num_cols: in
     r"""A ``torch.sparse`` CSR matrix (rows = targets) of an ``edge_index``
     sorted by target; unit values when :obj:`value` is ``None``."""
     src, dst = edge_index
-    crow = torch.zeros(num_rows + 1, dtype=torch.long, device=src.device)
+    # 32-bit indices where they fit: the aggregation is memory-bound.
+    index_dtype = torch.int32 if max(num_cols, src.numel()) < 2**31 else torch.long
+    crow = torch.zeros(num_rows + 1, dtype=index_dtype, device=src.device)
     crow[1:] = torch.bincount(dst, minlength=num_rows).cumsum(0)
     if value is None:
         value = torch.ones(src.numel(), dtype=dtype, device=src.device)
-    return _csr_tensor(crow, src, value, (num_rows, num_cols))
+    return _csr_tensor(crow, src.to(index_dtype), value, (num_rows, num_cols))

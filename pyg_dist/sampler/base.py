@@ -44,7 +44,9 @@ class BoundarySampler:
         self.rank = data.rank
         self.device = data.edge_index.device
         src = data.edge_index[0]
-        self.halo_edge = src >= data.num_inner  # edges from a halo source
+        self.halo_edge = src >= data.num_inner  # cut edges: from a halo source
+        self.cut_edge = self.halo_edge.nonzero().view(-1)
+        self.cut_src = src[self.cut_edge] - data.num_inner  # their halo row
 
     @classmethod
     def check(cls, **params) -> None:
@@ -67,7 +69,8 @@ class BoundarySampler:
     def uniform(self, n: int, iteration: int, *keys: int) -> Tensor:
         return torch.rand(n, generator=self.generator(iteration, *keys)).to(self.device)
 
-    def plan_from_edges(self, edge_keep: Tensor, edge_scale: Optional[Tensor]) -> HaloPlan:
+    def plan_from_edges(self, edge_keep: Tensor, edge_scale: Optional[Tensor] = None
+                        ) -> HaloPlan:
         r"""The plan of a sampled edge set decided by the receiver alone:
         a halo row travels iff at least one of its edges survives. Owners
         learn which of their rows to send from one ``all_to_all`` of
@@ -75,7 +78,7 @@ class BoundarySampler:
         ids once more than 1/32 of the rows are kept)."""
         data = self.data
         halo_keep = torch.zeros(data.num_halo, dtype=torch.bool, device=self.device)
-        halo_keep[data.edge_index[0][edge_keep & self.halo_edge] - data.num_inner] = True
+        halo_keep[self.cut_src[edge_keep[self.cut_edge]]] = True
         send_keep = self._tell_owners(halo_keep)
         return HaloPlan.sampled(data, send_keep, halo_keep, edge_keep, edge_scale)
 
@@ -87,9 +90,13 @@ class BoundarySampler:
         packed = torch.cat([_pack(m) for m in halo_keep.cpu().split(recv_counts)])
         out_bytes = [_num_bytes(c) for c in recv_counts]
         in_bytes = [_num_bytes(c) for c in send_counts]
-        masks = all_to_all(packed.to(self.device), out_bytes, in_bytes, self.group).cpu()
-        if self.stats is not None:
+        if self.stats is None:
+            masks = all_to_all(packed.to(self.device), out_bytes, in_bytes, self.group)
+        else:
+            with self.stats.timer("comm"):
+                masks = all_to_all(packed.to(self.device), out_bytes, in_bytes, self.group)
             self.stats.add_bytes("plan", sum(out_bytes), sum(in_bytes))
+        masks = masks.cpu()
         return torch.cat([_unpack(m, c) for m, c in zip(masks.split(in_bytes), send_counts)]
                          ).to(self.device)
 

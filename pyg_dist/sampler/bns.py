@@ -55,9 +55,6 @@ class BNSSampler(BoundarySampler):
         super().__init__(data, seed, group, stats)
         self.check(p=p)
         self.p = float(p)
-        # Only cut edges change: plans patch them in the partition's graph.
-        self.cut_edge = self.halo_edge.nonzero().view(-1)
-        self.cut_src = data.edge_index[0][self.cut_edge] - data.num_inner  # halo row
         self._isolated: Optional[HaloPlan] = None
 
     @classmethod
@@ -78,6 +75,7 @@ class BNSSampler(BoundarySampler):
                                lambda owner: (owner, self.rank))
         send_keep = self._draw(self.data.send_counts.tolist(), iteration,
                                lambda receiver: (self.rank, receiver))
+        # Only cut edges change: the plan patches them in the partition's graph.
         kept = halo_keep[self.cut_src]
         new_id = self.data.num_inner + halo_keep.cumsum(0) - 1
         patch = EdgePatch(self.cut_edge, torch.where(kept, new_id[self.cut_src], 0),

@@ -14,8 +14,6 @@ class _EdgeSampler(BoundarySampler):
     r"""Keeps edge :math:`e` with probability ``keep_prob[e]`` and scales it
     by its inverse; a halo row travels iff one of its edges survives."""
 
-    keep_prob: torch.Tensor
-
     def __init__(self, data: DistData, p: float = 0.1, seed: int = 0, group=None,
                  stats: Optional[CommStats] = None) -> None:
         super().__init__(data, seed, group, stats)
@@ -30,8 +28,11 @@ class _EdgeSampler(BoundarySampler):
         if self.p == 1:
             return self.full_plan
         draw = self.uniform(self.keep_prob.numel(), iteration, self.rank)
-        return self.plan_from_edges(draw < self.keep_prob,
-                                    self.keep_prob.reciprocal().to(self.data.adj_t.dtype))
+        return self.plan_from_edges(draw < self.keep_prob, self.edge_scale)
+
+    def set_keep_prob(self, keep_prob: torch.Tensor) -> None:
+        self.keep_prob = keep_prob.float()
+        self.edge_scale = keep_prob.double().reciprocal().to(self.data.adj_t.dtype)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
@@ -50,7 +51,7 @@ class DropEdgeSampler(_EdgeSampler):
         super().__init__(data, p, seed, group, stats)
         num_edges = max(self.halo_edge.numel(), 1)
         q = 1.0 - (1.0 - self.p) * int(self.halo_edge.sum()) / num_edges
-        self.keep_prob = torch.full_like(self.halo_edge, q, dtype=torch.double)
+        self.set_keep_prob(torch.full_like(self.halo_edge, q, dtype=torch.double))
 
 
 class BoundaryEdgeSampler(_EdgeSampler):
@@ -64,4 +65,4 @@ class BoundaryEdgeSampler(_EdgeSampler):
                  stats: Optional[CommStats] = None) -> None:
         super().__init__(data, p, seed, group, stats)
         one = torch.ones((), dtype=torch.double, device=self.device)
-        self.keep_prob = torch.where(self.halo_edge, one * self.p, one)
+        self.set_keep_prob(torch.where(self.halo_edge, one * self.p, one))

@@ -42,8 +42,10 @@ def vr_probabilities(weight: Tensor, index: Tensor, num_targets: int,
     # A zero weight gets the smallest positive probability instead of 0: its
     # contribution is zero anyway, and p > 0 keeps the estimate unbiased.
     w = w.clamp(min=max(float(w.max()) * 1e-9, 1e-300))
-    order = torch.argsort(w, stable=True)
-    order = order[torch.argsort(index[order], stable=True)]
+    # One sort by (target, weight): the weight, scaled into [0, 0.5), is the
+    # fraction of the key (ties closer than ~1e-10 of the largest weight may
+    # swap, which moves no probability by more than that).
+    order = torch.argsort(index.double() + w / (2 * float(w.max())))
     w, idx = w[order], index[order]
     deg = torch.bincount(idx, minlength=num_targets)
     start = deg.cumsum(0) - deg
@@ -87,11 +89,14 @@ class VarianceReductionSampler(BoundarySampler):
     :obj:`halo_weight`), so fewer halo rows travel; :math:`\|\mathbf y_j\|^2
     = \sum_l \|\mathbf h_j^{(l)}\|^2` is estimated from the source rows the
     layers recently aggregated (halo rows not fetched keep their last
-    value) and :math:`c_{ij}` is the propagation coefficient's dependence on
-    :math:`j` (``"gcn"``: :math:`1/\sqrt{\hat d_j}`; ``"uniform"``: 1, e.g.
-    for mean/sum aggregation). Until embeddings have been seen every edge
-    has :math:`p = \varepsilon`; afterwards the probabilities are
-    recomputed every :obj:`refresh` iterations ("semi-dynamic").
+    value; rows never seen get the mean of those seen) and :math:`c_{ij}` is
+    the propagation coefficient's dependence on :math:`j` (``"gcn"``:
+    :math:`1/\sqrt{\hat d_j}`; ``"uniform"``: 1, e.g. for mean/sum
+    aggregation). Until embeddings have been seen every edge has
+    :math:`p = \varepsilon` (Alg. 2, line 2); afterwards the probabilities
+    are recomputed every :obj:`refresh` iterations ("semi-dynamic"), from
+    the embeddings of the iteration before, which is the only one whose
+    layers are observed.
 
     The halo rows fetched are those kept by at least one edge; owners learn
     them from one ``all_to_all`` of bitmasks per iteration.
@@ -113,9 +118,12 @@ class VarianceReductionSampler(BoundarySampler):
         if coefficient == "gcn":  # 1/sqrt(d̂_j) with the self-loop
             prior = prior * (data.deg_in[src].double() + 1).rsqrt()
         self.prior = prior
-        self.probability = torch.full_like(prior, self.rate)
+        self.set_probability(torch.full_like(prior, self.rate))
         self.refreshed_at: Optional[int] = None
-        self._row_norms: Dict[str, Tensor] = {}  # per layer: ‖h_j‖² of every source row
+        self.observing = True  # whether the layers' rows are recorded now
+        # Per layer: ‖h_j‖² of every source row, and which rows were seen.
+        self._row_norms: Dict[str, Tensor] = {}
+        self._seen: Dict[str, Tensor] = {}
 
     @classmethod
     def check(cls, rate: float = 0.1, refresh: int = 100, inner_weight: float = 1.1,
@@ -135,33 +143,50 @@ class VarianceReductionSampler(BoundarySampler):
     @torch.no_grad()
     def observe(self, key: str, x_src: Tensor, plan: HaloPlan) -> None:
         r"""Records the squared norms of the source rows a layer aggregated."""
-        sq = x_src.detach().flatten(1).pow(2).sum(1).double()
-        num_inner = self.data.num_inner
-        rows = self._row_norms.get(key)
-        if rows is None:
-            rows = self._row_norms[key] = sq.new_zeros(num_inner + self.data.num_halo)
+        if not self.observing:
+            return
+        x = x_src.detach().flatten(1)
+        sq = torch.linalg.vector_norm(x, dim=1).double().pow(2)
+        num_inner, num_src = self.data.num_inner, self.data.num_inner + self.data.num_halo
+        if key not in self._row_norms:
+            self._row_norms[key] = sq.new_zeros(num_src)
+            self._seen[key] = torch.zeros(num_src, dtype=torch.bool, device=sq.device)
+        rows, seen = self._row_norms[key], self._seen[key]
         if plan.halo_index is None:
             rows.copy_(sq)
+            seen.fill_(True)
         else:
             rows[:num_inner] = sq[:num_inner]
             rows[num_inner + plan.halo_index] = sq[num_inner:]
+            seen[:num_inner] = True
+            seen[num_inner + plan.halo_index] = True
+
+    def _due(self, iteration: int) -> bool:
+        return self.refreshed_at is None or iteration - self.refreshed_at >= self.refresh
 
     def plan(self, iteration: int) -> HaloPlan:
-        if self._row_norms and (self.refreshed_at is None
-                                or iteration - self.refreshed_at >= self.refresh):
+        if self._row_norms and self._due(iteration):
             self.update_probabilities()
             self.refreshed_at = iteration
+        self.observing = self._due(iteration + 1)
         keep = self.uniform(self.probability.numel(), iteration, self.rank) < self.probability
-        return self.plan_from_edges(keep, self.probability.reciprocal().to(self.data.adj_t.dtype))
+        return self.plan_from_edges(keep, self.edge_scale)
 
     def edge_weights(self) -> Tensor:
         r""":math:`w_{ij} = \sqrt{a_j}\, c_{ij} \|\mathbf y_j\|` per edge."""
-        norms = torch.stack(list(self._row_norms.values())).sum(0).sqrt()
-        return self.prior * norms[self.data.edge_index[0]]
+        total = 0
+        for key, rows in self._row_norms.items():
+            seen = self._seen[key]
+            total = total + torch.where(seen, rows, rows[seen].mean())
+        return self.prior * total.sqrt()[self.data.edge_index[0]]
 
     def update_probabilities(self) -> None:
-        self.probability = vr_probabilities(self.edge_weights(), self.data.edge_index[1],
-                                            self.data.num_inner, self.rate)
+        self.set_probability(vr_probabilities(self.edge_weights(), self.data.edge_index[1],
+                                              self.data.num_inner, self.rate))
+
+    def set_probability(self, probability: Tensor) -> None:
+        self.probability = probability.float()  # compared with float32 draws
+        self.edge_scale = probability.double().reciprocal().to(self.data.adj_t.dtype)
 
     def extra_repr(self) -> str:
         return (f"rate={self.rate}, refresh={self.refresh}, inner_weight="

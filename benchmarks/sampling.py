@@ -1,0 +1,196 @@
+r"""Boundary sampling side by side: what BNS-GCN, PSC-GCN's variance-reduction
+sampler and the edge-sampling baselines save, and what they cost.
+
+On the embedded default graph (:func:`pyg_dist.datasets.load_default`), for
+2 and 4 METIS partitions (``--parts``), on loopback and on an emulated
+cluster link (``--link RATE[,DELAY] ...``, see :mod:`netem`: one network namespace per rank,
+veth pairs to a bridge, ``tc`` shaping), this trains the same 3-layer
+GraphSAGE (hidden 64) with every method of ``METHODS``, on the same
+partitions, through ``pyg-dist train`` (one process per rank, torchrun-style
+environment):
+
+* BNS-GCN at p = 1 (the exact plan), 0.1, 0.01 and 0 (isolated partitions),
+* PSC-GCN's variance-reduction sampler at rate 0.1,
+* DropEdge and boundary edge sampling (BES) dropping as many edges as BNS
+  at p = 0.1 (BNS-GCN Table 9).
+
+Reported per configuration (means over the epochs after the first, which
+pays one-off costs; times are the max over ranks): epoch time split into
+compute / halo exchange / gradient all-reduce / sampling, the bytes all ranks
+send per epoch and their ratio to p = 1, halo rows fetched per epoch as a
+share of all halo rows, the per-epoch peak memory of the busiest rank and the
+mean over ranks, the sampling overhead as a share of the epoch, and the test
+accuracy after ``--epochs`` epochs, mean ± std over ``--seeds`` seeds (seeds
+run on the first link only; accuracy does not depend on the link). The
+targets of the issue are checked at the end. Results go to
+``benchmarks/results/sampling.json``.
+
+Usage::
+
+    python benchmarks/sampling.py                          # the full run
+    python benchmarks/sampling.py --parts 2 --seeds 1 --epochs 5 --link loopback
+"""
+import argparse
+import datetime
+import json
+import os
+import os.path as osp
+import platform
+import statistics
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+import torch
+
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from netem import network_for, parse_link  # noqa: E402
+
+import pyg_dist  # noqa: E402
+
+MiB = 2**20
+RESULTS = osp.join(osp.dirname(osp.abspath(__file__)), "results", "sampling.json")
+METHODS = {  # label -> pyg-dist train flags
+    "p=1": ["--sampler", "bns", "--p", "1"],
+    "p=0.1": ["--sampler", "bns", "--p", "0.1"],
+    "p=0.01": ["--sampler", "bns", "--p", "0.01"],
+    "p=0": ["--sampler", "bns", "--p", "0"],
+    "vr 0.1": ["--sampler", "vr", "--rate", "0.1"],
+    "dropedge 0.1": ["--sampler", "dropedge", "--p", "0.1"],
+    "bes 0.1": ["--sampler", "bes", "--p", "0.1"],
+}
+
+
+def partitions(workdir: str, num_parts: int, num_nodes: Optional[int]) -> str:
+    root = osp.join(workdir, f"parts{num_parts}")
+    if not osp.exists(osp.join(root, "meta.json")):
+        from pyg_dist.datasets import load_default
+        data = load_default(osp.join(workdir, "data"),
+                            **({"num_nodes": num_nodes} if num_nodes else {}))
+        pyg_dist.partition_graph(data, num_parts, root=root)
+    return root
+
+
+def run(net, root: str, out: str, flags: List[str], args) -> List[Dict[str, Any]]:
+    cmd = [sys.executable, "-m", "pyg_dist.cli", "train", "--root", root, "--out", out,
+           "--epochs", str(args.epochs), "--eval-every", str(args.epochs),
+           "--hidden", str(args.hidden), "--no-progress", *flags]
+    net.launch(cmd, env={"PYTHONWARNINGS": "ignore"}, timeout=args.timeout).check()
+    with open(osp.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def summarize(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    timed = rows[1:] or rows
+    mean = lambda k: statistics.fmean(r[k] for r in timed)  # noqa: E731
+    median = lambda k: statistics.median(r[k] for r in timed)  # noqa: E731
+    return {
+        "epoch_time": mean("time"), "time_compute": mean("time_compute"),
+        "time_comm": mean("time_comm"), "time_reduce": mean("time_reduce"),
+        "time_sample": mean("time_sample"),
+        "sample_overhead": mean("time_sample") / mean("time"),
+        "bytes_sent": mean("bytes_sent"), "halo_rows": mean("halo_rows"),
+        "halo_rows_total": rows[-1]["halo_rows_total"],
+        "peak_mem_max": median("peak_mem_bytes"),
+        "peak_mem_mean": median("peak_mem_bytes_mean"),
+        "test_acc": rows[-1]["test_acc"], "epoch_times": [r["time"] for r in rows],
+    }
+
+
+def table(results: List[Dict[str, Any]], parts: int, link: str) -> str:
+    rows = [r for r in results if r["parts"] == parts and r["link"] == link]
+    base = next((r for r in rows if r["method"] == "p=1"), None)
+    head = (f"{'method':<13}{'epoch s':>8}{'compute':>8}{'comm':>7}{'reduce':>7}"
+            f"{'sample%':>8}{'MB/ep':>8}{'bytes':>7}{'halo%':>7}{'mem max':>8}"
+            f"{'mem avg':>8}  test acc")
+    lines = [f"{parts} partitions, link {link}", head, "-" * len(head)]
+    for r in rows:
+        s = r["runs"][0]
+        ratio = s["bytes_sent"] / base["runs"][0]["bytes_sent"] if base else float("nan")
+        acc = [x["test_acc"] for x in r["runs"]]
+        sd = statistics.stdev(acc) if len(acc) > 1 else 0.0
+        lines.append(
+            f"{r['method']:<13}{s['epoch_time']:>8.3f}{s['time_compute']:>8.3f}"
+            f"{s['time_comm']:>7.3f}{s['time_reduce']:>7.3f}"
+            f"{100 * s['sample_overhead']:>7.1f}%{s['bytes_sent'] / 1e6:>8.2f}"
+            f"{ratio:>7.3f}{100 * s['halo_rows'] / max(s['halo_rows_total'], 1):>6.1f}%"
+            f"{s['peak_mem_max'] / MiB:>8.0f}{s['peak_mem_mean'] / MiB:>8.0f}"
+            f"  {100 * statistics.fmean(acc):.2f} ± {100 * sd:.2f} (n={len(acc)})")
+    return "\n".join(lines)
+
+
+def targets(results: List[Dict[str, Any]]) -> List[str]:
+    r"""The issue's targets, per (parts, link)."""
+    out = []
+    for parts, link in sorted({(r["parts"], r["link"]) for r in results}):
+        by = {r["method"]: r for r in results if r["parts"] == parts and r["link"] == link}
+        if "p=1" not in by or "p=0.1" not in by:
+            continue
+        full, bns = by["p=1"]["runs"], by["p=0.1"]["runs"]
+        ratio = bns[0]["bytes_sent"] / full[0]["bytes_sent"]
+        acc_gap = 100 * (statistics.fmean(r["test_acc"] for r in bns)
+                         - statistics.fmean(r["test_acc"] for r in full))
+        overhead = max(s["sample_overhead"] for r in by.values() for s in r["runs"])
+        mem = bns[0]["peak_mem_max"] / full[0]["peak_mem_max"]
+        out.append(f"{parts} parts / {link}: bytes(p=0.1)/bytes(p=1) = {ratio:.3f} "
+                   f"[{'ok' if ratio <= 0.12 else 'MISS'} <= 0.12]; acc(p=0.1) - acc(p=1) "
+                   f"= {acc_gap:+.2f} pp [{'ok' if abs(acc_gap) <= 0.5 else 'MISS'} "
+                   f"within 0.5]; max sampling overhead {100 * overhead:.1f}% "
+                   f"[{'ok' if overhead <= 0.10 else 'MISS'} <= 10%]; peak mem "
+                   f"p=0.1/p=1 = {mem:.3f} [{'ok' if mem < 1 else 'MISS'} < 1]")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--parts", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--link", "--links", dest="links", nargs="+",
+                        default=["loopback", "1gbit,0.1ms"],
+                        help="RATE[,DELAY] per network to run on, e.g. 1gbit,0.1ms "
+                             "or 100mbit,1ms; 'loopback' for none")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS),
+                        choices=list(METHODS))
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--num-nodes", type=int, default=None)
+    parser.add_argument("--workdir", default="runs/bench_sampling")
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--out", default=RESULTS)
+    args = parser.parse_args()
+
+    results: List[Dict[str, Any]] = []
+    started = time.time()
+    for parts in args.parts:
+        root = partitions(args.workdir, parts, args.num_nodes)
+        for i, spec in enumerate(args.links):
+            link = parse_link(spec)
+            seeds = range(args.seeds) if i == 0 else range(1)
+            with network_for(parts, link) as net:
+                for method in args.methods:
+                    runs = []
+                    for seed in seeds:
+                        out = osp.join(args.workdir, "runs", f"{parts}-{i}-{method}-{seed}")
+                        rows = run(net, root, out, METHODS[method] + ["--seed", str(seed)],
+                                   args)
+                        runs.append({"seed": seed, **summarize(rows)})
+                        print(f"  {parts} parts {net.label} {method} seed {seed}: "
+                              f"{runs[-1]['epoch_time']:.3f} s/epoch, "
+                              f"acc {runs[-1]['test_acc']:.4f}", flush=True)
+                    results.append({"parts": parts, "link": net.label, "method": method,
+                                    "flags": METHODS[method], "runs": runs})
+            print("\n" + table(results, parts, net.label) + "\n", flush=True)
+    checks = targets(results)
+    print("\n".join(checks))
+    os.makedirs(osp.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"date": datetime.datetime.now().isoformat(timespec="seconds"),
+                   "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                               "torch": torch.__version__},
+                   "args": vars(args), "minutes": (time.time() - started) / 60,
+                   "targets": checks, "results": results}, f, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
