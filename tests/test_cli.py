@@ -67,9 +67,11 @@ def test_torchrun(tmp_path):
     root, out = str(tmp_path / "parts"), str(tmp_path / "run")
     run("partition", "--num-nodes", "2000", "--num-parts", "2", "--root", root,
         "--data-dir", str(tmp_path / "data"))
+    from pyg_dist.distributed import free_port
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                    "--master-port", "0", "-m", "pyg_dist.cli", "train", "--root", root,
+                    "--master-port", str(free_port()), "-m", "pyg_dist.cli", "train",
+                    "--root", root,
                     "--out", out, "--epochs", "2", "--hidden", "8", "--no-progress",
                     "--sampler", "bns", "--p", "0.5"],
                    env=env, capture_output=True, text=True, timeout=300, check=True)
