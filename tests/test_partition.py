@@ -165,3 +165,11 @@ def test_distribute_needs_matching_group(graph, tmp_path):
     from torch_geometric.nn import GraphSAGE
     with pytest.raises(RuntimeError, match="2 parts but the process group has 1"):
         pyg_dist.nn.distribute(GraphSAGE(part.num_features, 8, 2, 3), part)
+
+
+def test_adjacency_has_64bit_indices(graph, tmp_path):
+    r"""int32 CSR indices gave wrong mean-aggregation gradients on large
+    partitions (torch 2.13, CPU); keep them 64-bit."""
+    pyg_dist.partition_graph(graph, 2, root=str(tmp_path))
+    adj_t = pyg_dist.DistData.load(str(tmp_path), 0, world_size=2).adj_t
+    assert adj_t.crow_indices().dtype == adj_t.col_indices().dtype == torch.long
