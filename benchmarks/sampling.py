@@ -75,7 +75,10 @@ def run(net, root: str, out: str, flags: List[str], args) -> List[Dict[str, Any]
     cmd = [sys.executable, "-m", "pyg_dist.cli", "train", "--root", root, "--out", out,
            "--epochs", str(args.epochs), "--eval-every", str(args.epochs),
            "--hidden", str(args.hidden), "--no-progress", *flags]
-    net.launch(cmd, env={"PYTHONWARNINGS": "ignore"}, timeout=args.timeout).check()
+    env = {"PYTHONWARNINGS": "ignore"}
+    if args.pin_malloc:  # every large tensor mmapped and returned: RSS = live tensors
+        env.update(MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
+    net.launch(cmd, env=env, timeout=args.timeout).check()
     with open(osp.join(out, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
 
@@ -157,6 +160,9 @@ def main() -> None:
     parser.add_argument("--workdir", default="runs/bench_sampling")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--out", default=RESULTS)
+    parser.add_argument("--pin-malloc", action="store_true",
+                        help="fix glibc's mmap threshold so the per-epoch peak RSS follows "
+                             "the live tensors (deterministic memory, slower epochs)")
     args = parser.parse_args()
 
     results: List[Dict[str, Any]] = []
@@ -179,17 +185,21 @@ def main() -> None:
                               f"acc {runs[-1]['test_acc']:.4f}", flush=True)
                     results.append({"parts": parts, "link": net.label, "method": method,
                                     "flags": METHODS[method], "runs": runs})
+                    save(args, results, started)  # a late failure loses nothing
             print("\n" + table(results, parts, net.label) + "\n", flush=True)
-    checks = targets(results)
-    print("\n".join(checks))
-    os.makedirs(osp.dirname(args.out), exist_ok=True)
+    print("\n".join(targets(results)))
+    save(args, results, started)
+    print(f"wrote {args.out}")
+
+
+def save(args, results: List[Dict[str, Any]], started: float) -> None:
+    os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"date": datetime.datetime.now().isoformat(timespec="seconds"),
                    "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                "torch": torch.__version__},
                    "args": vars(args), "minutes": (time.time() - started) / 60,
-                   "targets": checks, "results": results}, f, indent=1)
-    print(f"wrote {args.out}")
+                   "targets": targets(results), "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -79,20 +79,31 @@ def run_training(root: str, config, out: Optional[str], nproc: Optional[int] = N
                  timeout: float = DEFAULT_TIMEOUT) -> dict:
     r"""Trains under torchrun (environment present) or by spawning
     :obj:`nproc` local ranks (default: one per partition)."""
-    from pyg_dist.distributed import init, spawn
+    from pyg_dist.distributed import spawn
     from pyg_dist.partition.book import read_meta
     from pyg_dist.train import train
     config.validate()
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-        init(timeout=timeout)
-        return train(root, config, out)
+        return _train_in_group(root, config, out, timeout)
     nproc = nproc or read_meta(root)["num_parts"]
     if nproc == 1:
-        init(timeout=timeout)
-        return train(root, config, out)
+        return _train_in_group(root, config, out, timeout)
     return spawn(train, nproc, (root, config, out), timeout=timeout)[0]
+
+
+def _train_in_group(root: str, config, out: Optional[str], timeout: float) -> dict:
+    r"""Trains in this process' group and tears it down before the
+    interpreter exits (gloo's threads otherwise may abort the process)."""
+    import torch.distributed as dist
+    from pyg_dist.distributed import init
+    from pyg_dist.train import train
+    init(timeout=timeout)
+    try:
+        return train(root, config, out)
+    finally:
+        dist.destroy_process_group()
 
 
 def _load_dataset(args: argparse.Namespace):
