@@ -23,12 +23,17 @@ mean over ranks, the sampling overhead as a share of the epoch, and the test
 accuracy after ``--epochs`` epochs, mean ± std over ``--seeds`` seeds (seeds
 run on the first link only; accuracy does not depend on the link). The
 targets of the issue are checked at the end. Results go to
-``benchmarks/results/sampling.json``.
+``benchmarks/results/sampling.json`` (``--out``), saved after every
+configuration. Peak RSS on CPU also holds whatever glibc keeps cached;
+``--pin-malloc`` fixes its mmap threshold so the per-epoch peak follows the
+live tensors (use it for memory comparisons, not for timings).
 
 Usage::
 
     python benchmarks/sampling.py                          # the full run
     python benchmarks/sampling.py --parts 2 --seeds 1 --epochs 5 --link loopback
+    python benchmarks/sampling.py --link loopback --methods p=1 p=0.1 p=0.01 \
+        --seeds 1 --epochs 5 --hidden 256 --pin-malloc --out results/sampling_memory.json
 """
 import argparse
 import datetime
