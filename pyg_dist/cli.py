@@ -2,7 +2,6 @@
 import argparse
 import json
 import os
-import os.path as osp
 import sys
 from typing import List, Optional
 

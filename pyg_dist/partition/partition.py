@@ -4,7 +4,6 @@ import os
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
-from torch import Tensor
 from torch_geometric.data import Data
 
 from pyg_dist.partition.book import FORMAT_VERSION, PartitionBook, part_file

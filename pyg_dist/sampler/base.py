@@ -6,6 +6,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from pyg_dist.comm import HaloPlan, all_to_all
+from pyg_dist.comm.plan import EdgePatch
 from pyg_dist.data import DistData
 from pyg_dist.metrics import CommStats
 
@@ -69,17 +70,32 @@ class BoundarySampler:
     def uniform(self, n: int, iteration: int, *keys: int) -> Tensor:
         return torch.rand(n, generator=self.generator(iteration, *keys)).to(self.device)
 
-    def plan_from_edges(self, edge_keep: Tensor, edge_scale: Optional[Tensor] = None
-                        ) -> HaloPlan:
+    def cut_patch(self, halo_keep: Tensor, kept: Tensor, scale: Tensor) -> EdgePatch:
+        r"""The cut edges as a patch of the partition's graph: the
+        :obj:`kept` ones point at their received halo row with weight
+        :obj:`scale`, the others become zero entries."""
+        new_id = self.data.num_inner + halo_keep.cumsum(0) - 1
+        return EdgePatch(self.cut_edge, torch.where(kept, new_id[self.cut_src], 0),
+                         kept * scale)
+
+    def plan_from_edges(self, edge_keep: Tensor, edge_scale: Optional[Tensor] = None,
+                        cut_only: bool = False) -> HaloPlan:
         r"""The plan of a sampled edge set decided by the receiver alone:
         a halo row travels iff at least one of its edges survives. Owners
         learn which of their rows to send from one ``all_to_all`` of
         bitmasks (one bit per halo row, so it is never larger than a list of
-        ids once more than 1/32 of the rows are kept)."""
+        ids once more than 1/32 of the rows are kept). With
+        :obj:`cut_only` (only cut edges are ever dropped) the plan is a
+        :meth:`cut_patch`, which costs :math:`O(|E_{\mathrm{cut}}|)`."""
         data = self.data
+        kept_cut = edge_keep[self.cut_edge]
         halo_keep = torch.zeros(data.num_halo, dtype=torch.bool, device=self.device)
-        halo_keep[self.cut_src[edge_keep[self.cut_edge]]] = True
+        halo_keep[self.cut_src[kept_cut]] = True
         send_keep = self._tell_owners(halo_keep)
+        if cut_only:
+            scale = 1.0 if edge_scale is None else edge_scale[self.cut_edge]
+            return HaloPlan.sampled(data, send_keep, halo_keep,
+                                    patch=self.cut_patch(halo_keep, kept_cut, scale))
         return HaloPlan.sampled(data, send_keep, halo_keep, edge_keep, edge_scale)
 
     def _tell_owners(self, halo_keep: Tensor) -> Tensor:

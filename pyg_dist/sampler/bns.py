@@ -5,7 +5,6 @@ import torch
 from torch import Tensor
 
 from pyg_dist.comm import HaloPlan
-from pyg_dist.comm.plan import EdgePatch
 from pyg_dist.data import DistData
 from pyg_dist.metrics import CommStats
 from pyg_dist.sampler.base import BoundarySampler, validate_probability
@@ -76,10 +75,7 @@ class BNSSampler(BoundarySampler):
         send_keep = self._draw(self.data.send_counts.tolist(), iteration,
                                lambda receiver: (self.rank, receiver))
         # Only cut edges change: the plan patches them in the partition's graph.
-        kept = halo_keep[self.cut_src]
-        new_id = self.data.num_inner + halo_keep.cumsum(0) - 1
-        patch = EdgePatch(self.cut_edge, torch.where(kept, new_id[self.cut_src], 0),
-                          kept / self.p)
+        patch = self.cut_patch(halo_keep, halo_keep[self.cut_src], 1.0 / self.p)
         return HaloPlan.sampled(self.data, send_keep, halo_keep, patch=patch)
 
     def _draw(self, counts: List[int], iteration: int, pair) -> Tensor:

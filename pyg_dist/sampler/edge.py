@@ -14,6 +14,8 @@ class _EdgeSampler(BoundarySampler):
     r"""Keeps edge :math:`e` with probability ``keep_prob[e]`` and scales it
     by its inverse; a halo row travels iff one of its edges survives."""
 
+    cut_only = False  # whether only cut edges are ever dropped
+
     def __init__(self, data: DistData, p: float = 0.1, seed: int = 0, group=None,
                  stats: Optional[CommStats] = None) -> None:
         super().__init__(data, seed, group, stats)
@@ -28,7 +30,7 @@ class _EdgeSampler(BoundarySampler):
         if self.p == 1:
             return self.full_plan
         draw = self.uniform(self.keep_prob.numel(), iteration, self.rank)
-        return self.plan_from_edges(draw < self.keep_prob, self.edge_scale)
+        return self.plan_from_edges(draw < self.keep_prob, self.edge_scale, self.cut_only)
 
     def set_keep_prob(self, keep_prob: torch.Tensor) -> None:
         self.keep_prob = keep_prob.float()
@@ -60,6 +62,8 @@ class BoundaryEdgeSampler(_EdgeSampler):
     :math:`1/p`; inner edges are all kept. It drops exactly as many edges
     in expectation as :class:`~pyg_dist.sampler.BNSSampler`, but per edge
     rather than per node, so far fewer halo rows lose all their edges."""
+
+    cut_only = True
 
     def __init__(self, data: DistData, p: float = 0.1, seed: int = 0, group=None,
                  stats: Optional[CommStats] = None) -> None:
