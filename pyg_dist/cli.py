@@ -49,6 +49,9 @@ def _add_sampler_args(p: argparse.ArgumentParser) -> None:
                        help=f"{'/'.join(users)} (default {default})")
     g.add_argument("--precompute-layer0", action="store_true",
                    help="aggregate the raw features of layer 0 once (no layer-0 exchange)")
+    from pyg_dist.comm.compress import CODECS
+    p.add_argument("--exchange-dtype", choices=list(CODECS), default="fp32",
+                   help="how halo rows and gradients travel (int8: per-row scale)")
 
 
 def _sampler_args(args: argparse.Namespace) -> dict:
@@ -71,7 +74,8 @@ def _config(args: argparse.Namespace):
                        seed=args.seed, eval_every=args.eval_every,
                        progress=not args.no_progress, sampler=args.sampler,
                        sampler_args=_sampler_args(args),
-                       precompute_layer0=args.precompute_layer0)
+                       precompute_layer0=args.precompute_layer0,
+                       exchange_dtype=args.exchange_dtype)
 
 
 def run_training(root: str, config, out: Optional[str], nproc: Optional[int] = None,

@@ -17,6 +17,7 @@ from torch_geometric.nn import GAT, GCN, GIN, GraphSAGE
 from torch_geometric.utils import to_torch_csr_tensor
 
 import pyg_dist
+from pyg_dist.comm.compress import get_codec
 from pyg_dist.metrics import peak_memory_bytes, reset_peak_memory
 from pyg_dist.sampler import build_sampler, check_sampler
 
@@ -42,6 +43,7 @@ class TrainConfig:
     sampler: str = "full"  # a key of pyg_dist.sampler.SAMPLERS
     sampler_args: Dict[str, Any] = field(default_factory=dict)
     precompute_layer0: bool = False
+    exchange_dtype: str = "fp32"  # a key of pyg_dist.comm.compress.CODECS
 
     def validate(self) -> None:
         if self.model not in MODELS:
@@ -55,6 +57,7 @@ class TrainConfig:
             raise ValueError(f"lr must be > 0 and weight_decay >= 0 "
                              f"(got {self.lr}, {self.weight_decay})")
         check_sampler(self.sampler, self.sampler_args)
+        get_codec(self.exchange_dtype)
 
 
 def build_model(config: TrainConfig, in_channels: int, out_channels: int) -> torch.nn.Module:
@@ -128,7 +131,8 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     num_classes = int(max_over_ranks(torch.tensor([num_classes], device=device))[0])
     model = build_model(config, data.num_features, num_classes).to(device)
     _broadcast_params(model)
-    pyg_dist.nn.distribute(model, data, precompute_layer0=config.precompute_layer0)
+    pyg_dist.nn.distribute(model, data, precompute_layer0=config.precompute_layer0,
+                           exchange_dtype=config.exchange_dtype)
     ctx, stats = model.dist_context, model.comm_stats
     sampler_args = dict(config.sampler_args)
     if config.sampler == "vr":  # PSC's coefficient c_ij is GCN's; others aggregate plainly

@@ -36,13 +36,14 @@ def test_partition_info_train(tmp_path):
     sampled = str(tmp_path / "bns")
     run("train", "--root", root, "--out", sampled, "--epochs", "3", "--hidden", "16",
         "--no-progress", "--model", "gcn", "--sampler", "bns", "--p", "0.1",
-        "--precompute-layer0")
+        "--precompute-layer0", "--exchange-dtype", "bf16")
     rows = [json.loads(line) for line in open(os.path.join(sampled, "metrics.jsonl"))]
     assert all(r["halo_rows"] < 0.3 * r["halo_rows_total"] for r in rows)
     # Epoch 1 also pays the one-off exact aggregation of layer 0.
     assert all(r["bytes_sent"] < 0.3 * full_bytes for r in rows[1:])
     summary = json.load(open(os.path.join(sampled, "summary.json")))
     assert summary["config"]["sampler_args"] == {"p": 0.1}
+    assert summary["config"]["exchange_dtype"] == "bf16"
 
 
 @pytest.mark.parametrize("args,message", [

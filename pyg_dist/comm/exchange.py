@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from pyg_dist.comm.compress import RowCodec
 from pyg_dist.comm.plan import HaloPlan
 from pyg_dist.metrics import CommStats
 
@@ -20,8 +21,16 @@ def all_to_all(send: Tensor, send_counts: List[int], recv_counts: List[int],
     return recv
 
 
-def _row_bytes(x: Tensor) -> int:
-    return math.prod(x.shape[1:]) * x.element_size()
+def _exchange(rows: Tensor, send_counts: List[int], recv_counts: List[int], group,
+              codec: Optional[RowCodec]):
+    r"""``all_to_all`` of rows, encoded by :obj:`codec` on the wire;
+    returns the received rows and the bytes one row took."""
+    if codec is None:
+        return (all_to_all(rows, send_counts, recv_counts, group),
+                math.prod(rows.shape[1:]) * rows.element_size())
+    payload = codec.encode(rows.flatten(1))
+    out = all_to_all(payload, send_counts, recv_counts, group)
+    return codec.decode(out, rows.dtype).view((-1, ) + tuple(rows.shape[1:])), payload.size(1)
 
 
 class HaloExchange(torch.autograd.Function):
@@ -30,19 +39,22 @@ class HaloExchange(torch.autograd.Function):
     [\mathrm{send}])`. Backward: the halo gradients travel back to their
     owners, which add them into their inner gradients,
     :math:`\nabla H_{\mathrm{inner}} \mathrel{+}= \mathrm{scatter}(
-    \mathrm{A2A}^{-1}(\nabla H_{\mathrm{halo}}), \mathrm{send})`."""
+    \mathrm{A2A}^{-1}(\nabla H_{\mathrm{halo}}), \mathrm{send})`.
+
+    Both directions travel encoded by :obj:`codec` when one is given
+    (:mod:`~pyg_dist.comm.compress`)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, plan: HaloPlan, group, stats: Optional[CommStats],
-                key: str) -> Tensor:
-        ctx.plan, ctx.group, ctx.stats, ctx.key = plan, group, stats, key
+                key: str, codec: Optional[RowCodec] = None) -> Tensor:
+        ctx.plan, ctx.group, ctx.stats, ctx.key, ctx.codec = plan, group, stats, key, codec
         ctx.num_inner = x.size(0)
         send = x.index_select(0, plan.send_index)
         if stats is None:
-            return all_to_all(send, plan.send_counts, plan.recv_counts, group)
+            return _exchange(send, plan.send_counts, plan.recv_counts, group, codec)[0]
         with stats.timer("comm"):
-            out = all_to_all(send, plan.send_counts, plan.recv_counts, group)
-        row_bytes = _row_bytes(x)
+            out, row_bytes = _exchange(send, plan.send_counts, plan.recv_counts, group,
+                                       codec)
         stats.add_bytes(key, plan.num_send * row_bytes, plan.num_recv * row_bytes)
         return out
 
@@ -50,26 +62,26 @@ class HaloExchange(torch.autograd.Function):
     def backward(ctx, grad_halo: Tensor):
         plan, stats = ctx.plan, ctx.stats
         if stats is None:
-            grad_send = all_to_all(grad_halo, plan.recv_counts, plan.send_counts,
-                                    ctx.group)
+            grad_send = _exchange(grad_halo, plan.recv_counts, plan.send_counts,
+                                  ctx.group, ctx.codec)[0]
         else:
             with stats.timer("comm"):
-                grad_send = all_to_all(grad_halo, plan.recv_counts,
-                                        plan.send_counts, ctx.group)
-            row_bytes = _row_bytes(grad_halo)
+                grad_send, row_bytes = _exchange(grad_halo, plan.recv_counts,
+                                                 plan.send_counts, ctx.group, ctx.codec)
             stats.add_bytes(ctx.key + ".grad", plan.num_recv * row_bytes,
                             plan.num_send * row_bytes)
         grad = grad_halo.new_zeros((ctx.num_inner, ) + tuple(grad_halo.shape[1:]))
         grad.index_add_(0, plan.send_index, grad_send)
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
 def halo_exchange(x: Tensor, plan: HaloPlan, group=None,
-                  stats: Optional[CommStats] = None, key: str = "") -> Tensor:
+                  stats: Optional[CommStats] = None, key: str = "",
+                  codec: Optional[RowCodec] = None) -> Tensor:
     r"""Returns this rank's halo rows of the node-level tensor :obj:`x`
     (inner rows) that :obj:`plan` receives, differentiably. A world of one
     rank, or a plan that isolates the partitions, exchanges nothing."""
     if (plan.skip_exchange or not dist.is_initialized()
             or dist.get_world_size(group) == 1):
         return x.new_empty((0, ) + tuple(x.shape[1:]))
-    return HaloExchange.apply(x, plan, group, stats, key)
+    return HaloExchange.apply(x, plan, group, stats, key, codec)

@@ -8,6 +8,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from pyg_dist.comm import HaloPlan, halo_exchange
+from pyg_dist.comm.compress import get_codec
 from pyg_dist.comm.plan import csr
 from pyg_dist.data import DistData
 from pyg_dist.metrics import CommStats
@@ -39,8 +40,8 @@ class DistContext:
     register here).
     """
 
-    def __init__(self, data: DistData, group=None,
-                 stats: Optional[CommStats] = None) -> None:
+    def __init__(self, data: DistData, group=None, stats: Optional[CommStats] = None,
+                 exchange_dtype: str = "fp32") -> None:
         world = dist.get_world_size(group) if dist.is_initialized() else 1
         if world != data.num_parts:
             raise RuntimeError(
@@ -50,6 +51,7 @@ class DistContext:
         self.data = data
         self.group = group
         self.world_size = world
+        self.codec = get_codec(exchange_dtype)
         self.full_plan = HaloPlan.full(data)
         self.plan = self.full_plan
         self.stats = stats if stats is not None else CommStats()
@@ -71,9 +73,11 @@ class DistContext:
         finally:
             self.plan = previous
 
-    def fetch(self, key: str, x: Tensor) -> Tensor:
-        r"""The halo rows of :obj:`x` (inner rows) the plan receives, with autograd."""
-        return halo_exchange(x, self.plan, self.group, self.stats, key)
+    def fetch(self, key: str, x: Tensor, exact: bool = False) -> Tensor:
+        r"""The halo rows of :obj:`x` (inner rows) the plan receives, with
+        autograd; in the context's exchange dtype unless :obj:`exact`."""
+        return halo_exchange(x, self.plan, self.group, self.stats, key,
+                             None if exact else self.codec)
 
     def extend(self, key: str, x: Tensor) -> Tensor:
         r"""``[x | received halo rows of x]``: the source rows of the plan's graph."""
@@ -199,7 +203,8 @@ class DistContext:
                                                         2.0 if improved else 1.0)])
         deg = weight.new_zeros(self.num_inner).scatter_add_(0, dst, weight)
         with self.use(self.full_plan):
-            deg = torch.cat([deg, self.fetch("gcn_norm", deg.unsqueeze(-1)).view(-1)])
+            deg = torch.cat([deg, self.fetch("gcn_norm", deg.unsqueeze(-1), exact=True
+                                             ).view(-1)])
         deg_inv_sqrt = deg.pow(-0.5).masked_fill_(deg == 0, 0.0)
         weight = deg_inv_sqrt[src] * weight * deg_inv_sqrt[dst]
         if not sort:

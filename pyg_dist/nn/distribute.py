@@ -30,8 +30,8 @@ PRECOMPUTABLE = (GCNConv, SAGEConv, GINConv, GraphConv)
 
 
 def distribute(model: torch.nn.Module, data: DistData, group=None,
-               stats: Optional[CommStats] = None,
-               precompute_layer0: bool = False) -> torch.nn.Module:
+               stats: Optional[CommStats] = None, precompute_layer0: bool = False,
+               exchange_dtype: str = "fp32") -> torch.nn.Module:
     r"""Converts every :class:`~torch_geometric.nn.conv.MessagePassing`
     layer of :obj:`model` in place into its partition-parallel version, like
     :meth:`torch.nn.SyncBatchNorm.convert_sync_batchnorm` (parameters,
@@ -67,8 +67,12 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
             GCN, GraphSAGE (without ``project``), GIN and GraphConv without
             edge weights, when the first layer is given ``data.x`` itself;
             under sampling, the first layer sees the whole neighbourhood.
+        exchange_dtype: how halo rows and their gradients travel: ``"fp32"``
+            (as they are), ``"bf16"``, ``"fp16"`` or ``"int8"`` (per-row
+            scale; see :mod:`pyg_dist.comm.compress`). Computation stays in
+            the model's dtype.
     """
-    ctx = DistContext(data, group, stats)
+    ctx = DistContext(data, group, stats, exchange_dtype)
     layers = [(name, m) for name, m in model.named_modules()
               if isinstance(m, MessagePassing)]
     if not layers:
