@@ -13,11 +13,30 @@ from pyg_dist.metrics import CommStats
 
 def all_to_all(send: Tensor, send_counts: List[int], recv_counts: List[int],
                group=None) -> Tensor:
-    r"""``all_to_all_single`` of the rows of :obj:`send` (split sizes in
-    rows) into a new tensor."""
+    r"""All-to-all of the rows of :obj:`send` (split sizes in rows) into a
+    new tensor.
+
+    On gloo it is point-to-point: every receive is posted before any send.
+    gloo's ``all_to_all_single`` announces a rank's receive on the same
+    connection as its data, so ranks that arrive apart take turns on a link
+    instead of using both directions (measured on an emulated 1gbit link:
+    half the throughput). NCCL keeps its native collective."""
     recv = send.new_empty((sum(recv_counts), ) + tuple(send.shape[1:]))
-    dist.all_to_all_single(recv, send.contiguous(), output_split_sizes=recv_counts,
-                           input_split_sizes=send_counts, group=group)
+    send = send.contiguous()
+    if dist.get_backend(group) != "gloo":
+        dist.all_to_all_single(recv, send, output_split_sizes=recv_counts,
+                               input_split_sizes=send_counts, group=group)
+        return recv
+    rank = dist.get_rank(group)
+    ins, outs = recv.split(recv_counts), send.split(send_counts)
+    ins[rank].copy_(outs[rank])
+    peer = (lambda q: q) if group is None else (lambda q: dist.get_global_rank(group, q))
+    requests = [dist.irecv(ins[q], peer(q), group=group)
+                for q in range(len(ins)) if q != rank and recv_counts[q] > 0]
+    requests += [dist.isend(outs[q], peer(q), group=group)
+                 for q in range(len(outs)) if q != rank and send_counts[q] > 0]
+    for request in requests:
+        request.wait()
     return recv
 
 
