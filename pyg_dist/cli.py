@@ -11,6 +11,7 @@ from pyg_dist.distributed import DEFAULT_TIMEOUT
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
+    from pyg_dist.comm.compress import CODECS
     from pyg_dist.train import MODELS, TrainConfig
     d = TrainConfig()
     p.add_argument("--model", choices=sorted(MODELS), default=d.model)
@@ -29,6 +30,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                         "ignored under torchrun)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                    help="seconds a rank waits for a peer before failing")
+    p.add_argument("--exchange-dtype", choices=list(CODECS), default=d.exchange_dtype,
+                   help="how halo rows and gradients travel (int8: per-row scale)")
     _add_sampler_args(p)
 
 
@@ -49,9 +52,6 @@ def _add_sampler_args(p: argparse.ArgumentParser) -> None:
                        help=f"{'/'.join(users)} (default {default})")
     g.add_argument("--precompute-layer0", action="store_true",
                    help="aggregate the raw features of layer 0 once (no layer-0 exchange)")
-    from pyg_dist.comm.compress import CODECS
-    p.add_argument("--exchange-dtype", choices=list(CODECS), default="fp32",
-                   help="how halo rows and gradients travel (int8: per-row scale)")
 
 
 def _sampler_args(args: argparse.Namespace) -> dict:

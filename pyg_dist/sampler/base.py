@@ -70,6 +70,18 @@ class BoundarySampler:
     def uniform(self, n: int, iteration: int, *keys: int) -> Tensor:
         return torch.rand(n, generator=self.generator(iteration, *keys)).to(self.device)
 
+    def set_edge_probability(self, probability: Tensor) -> None:
+        r"""The keep-probability of every partition edge that
+        :meth:`sample_edges` draws with (kept edges are scaled by its inverse)."""
+        self.edge_probability = probability.float()  # compared with float32 draws
+        self.edge_scale = probability.double().reciprocal().to(self.data.adj_t.dtype)
+
+    def sample_edges(self, iteration: int, cut_only: bool = False) -> HaloPlan:
+        r"""Keeps each edge with its :meth:`set_edge_probability` and returns
+        the plan of the survivors (see :meth:`plan_from_edges`)."""
+        draw = self.uniform(self.edge_probability.numel(), iteration, self.rank)
+        return self.plan_from_edges(draw < self.edge_probability, self.edge_scale, cut_only)
+
     def cut_patch(self, halo_keep: Tensor, kept: Tensor, scale: Tensor) -> EdgePatch:
         r"""The cut edges as a patch of the partition's graph: the
         :obj:`kept` ones point at their received halo row with weight

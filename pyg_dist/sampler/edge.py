@@ -11,8 +11,8 @@ from pyg_dist.sampler.base import BoundarySampler, validate_probability
 
 
 class _EdgeSampler(BoundarySampler):
-    r"""Keeps edge :math:`e` with probability ``keep_prob[e]`` and scales it
-    by its inverse; a halo row travels iff one of its edges survives."""
+    r"""Keeps edge :math:`e` with a fixed probability and scales it by its
+    inverse; a halo row travels iff one of its edges survives."""
 
     cut_only = False  # whether only cut edges are ever dropped
 
@@ -29,12 +29,7 @@ class _EdgeSampler(BoundarySampler):
     def plan(self, iteration: int) -> HaloPlan:
         if self.p == 1:
             return self.full_plan
-        draw = self.uniform(self.keep_prob.numel(), iteration, self.rank)
-        return self.plan_from_edges(draw < self.keep_prob, self.edge_scale, self.cut_only)
-
-    def set_keep_prob(self, keep_prob: torch.Tensor) -> None:
-        self.keep_prob = keep_prob.float()
-        self.edge_scale = keep_prob.double().reciprocal().to(self.data.adj_t.dtype)
+        return self.sample_edges(iteration, self.cut_only)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
@@ -53,7 +48,7 @@ class DropEdgeSampler(_EdgeSampler):
         super().__init__(data, p, seed, group, stats)
         num_edges = max(self.halo_edge.numel(), 1)
         q = 1.0 - (1.0 - self.p) * int(self.halo_edge.sum()) / num_edges
-        self.set_keep_prob(torch.full_like(self.halo_edge, q, dtype=torch.double))
+        self.set_edge_probability(torch.full_like(self.halo_edge, q, dtype=torch.double))
 
 
 class BoundaryEdgeSampler(_EdgeSampler):
@@ -69,4 +64,4 @@ class BoundaryEdgeSampler(_EdgeSampler):
                  stats: Optional[CommStats] = None) -> None:
         super().__init__(data, p, seed, group, stats)
         one = torch.ones((), dtype=torch.double, device=self.device)
-        self.set_keep_prob(torch.where(self.halo_edge, one * self.p, one))
+        self.set_edge_probability(torch.where(self.halo_edge, one * self.p, one))

@@ -118,7 +118,7 @@ class VarianceReductionSampler(BoundarySampler):
         if coefficient == "gcn":  # 1/sqrt(d̂_j) with the self-loop
             prior = prior * (data.deg_in[src].double() + 1).rsqrt()
         self.prior = prior
-        self.set_probability(torch.full_like(prior, self.rate))
+        self.set_edge_probability(torch.full_like(prior, self.rate))
         self.refreshed_at: Optional[int] = None
         self.observing = True  # whether the layers' rows are recorded now
         # Per layer: ‖h_j‖² of every source row, and which rows were seen.
@@ -169,8 +169,7 @@ class VarianceReductionSampler(BoundarySampler):
             self.update_probabilities()
             self.refreshed_at = iteration
         self.observing = self._due(iteration + 1)
-        keep = self.uniform(self.probability.numel(), iteration, self.rank) < self.probability
-        return self.plan_from_edges(keep, self.edge_scale)
+        return self.sample_edges(iteration)
 
     def edge_weights(self) -> Tensor:
         r""":math:`w_{ij} = \sqrt{a_j}\, c_{ij} \|\mathbf y_j\|` per edge."""
@@ -181,12 +180,8 @@ class VarianceReductionSampler(BoundarySampler):
         return self.prior * total.sqrt()[self.data.edge_index[0]]
 
     def update_probabilities(self) -> None:
-        self.set_probability(vr_probabilities(self.edge_weights(), self.data.edge_index[1],
-                                              self.data.num_inner, self.rate))
-
-    def set_probability(self, probability: Tensor) -> None:
-        self.probability = probability.float()  # compared with float32 draws
-        self.edge_scale = probability.double().reciprocal().to(self.data.adj_t.dtype)
+        self.set_edge_probability(vr_probabilities(
+            self.edge_weights(), self.data.edge_index[1], self.data.num_inner, self.rate))
 
     def extra_repr(self) -> str:
         return (f"rate={self.rate}, refresh={self.refresh}, inner_weight="
