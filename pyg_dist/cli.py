@@ -33,6 +33,45 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exchange-dtype", choices=list(CODECS), default=d.exchange_dtype,
                    help="how halo rows and gradients travel (int8: per-row scale)")
     _add_sampler_args(p)
+    _add_cache_args(p)
+
+
+def _add_cache_args(p: argparse.ArgumentParser) -> None:
+    from pyg_dist.cache import CACHES
+    from pyg_dist.cache.feature import POLICIES
+    g = p.add_argument_group("halo caches")
+    g.add_argument("--cache", choices=list(CACHES), default=None,
+                   help="how fresh halo rows are: exact (default), pipeline "
+                        "(PipeGCN/PSC: tau-stale, overlapped) or historical (SANCUS)")
+    g.add_argument("--staleness", type=int, default=None,
+                   help="pipeline: exchanges in flight, tau (default 1)")
+    g.add_argument("--smooth-features", type=float, nargs="?", const=0.95, default=None,
+                   metavar="GAMMA", help="pipeline: smooth stale features (PipeGCN-F)")
+    g.add_argument("--smooth-grads", type=float, nargs="?", const=0.95, default=None,
+                   metavar="GAMMA", help="pipeline: smooth stale gradients (PipeGCN-G)")
+    g.add_argument("--bound", default=None,
+                   help="historical: fixed:E | adaptive:A | gap:H (default adaptive:1)")
+    g.add_argument("--feature-cache", choices=POLICIES, default=None,
+                   help="keep input features of halo nodes (PSC-GCN: inclusion)")
+    g.add_argument("--feature-cache-capacity", default="25%",
+                   help="rows, a share of halo rows (25%%) or a size (8MB)")
+
+
+def _cache_args(args: argparse.Namespace):
+    r"""``(cache, params)`` from the flags; the cache follows from its
+    parameters when ``--cache`` is not given (``--staleness 2``: pipeline)."""
+    pipeline = {k: getattr(args, k) for k in ("staleness", "smooth_features", "smooth_grads")
+                if getattr(args, k) is not None}
+    historical = {"bound": args.bound} if args.bound is not None else {}
+    cache = args.cache or ("pipeline" if pipeline else "historical" if historical
+                           else "exact")
+    given = {"pipeline": pipeline, "historical": historical, "exact": {}}
+    unused = [k for name, params in given.items() if name != cache for k in params]
+    if unused:
+        flags = ", ".join(f"--{u.replace('_', '-')}" for u in sorted(unused))
+        raise SystemExit(f"pyg-dist train: error: {flags} do(es) not apply to "
+                         f"--cache {cache}")
+    return cache, given[cache]
 
 
 def _add_sampler_args(p: argparse.ArgumentParser) -> None:
@@ -68,6 +107,7 @@ def _sampler_args(args: argparse.Namespace) -> dict:
 
 def _config(args: argparse.Namespace):
     from pyg_dist.train import TrainConfig
+    cache, cache_args = _cache_args(args)
     return TrainConfig(model=args.model, num_layers=args.num_layers, hidden=args.hidden,
                        heads=args.heads, dropout=args.dropout, lr=args.lr,
                        weight_decay=args.weight_decay, epochs=args.epochs,
@@ -75,7 +115,9 @@ def _config(args: argparse.Namespace):
                        progress=not args.no_progress, sampler=args.sampler,
                        sampler_args=_sampler_args(args),
                        precompute_layer0=args.precompute_layer0,
-                       exchange_dtype=args.exchange_dtype)
+                       exchange_dtype=args.exchange_dtype, cache=cache,
+                       cache_args=cache_args, feature_cache=args.feature_cache,
+                       feature_cache_capacity=args.feature_cache_capacity)
 
 
 def run_training(root: str, config, out: Optional[str], nproc: Optional[int] = None,

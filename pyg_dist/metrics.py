@@ -10,8 +10,9 @@ import torch
 
 
 class CommStats:
-    r"""Counts the bytes a rank sends per layer and the wall time it spends
-    inside collectives (halo exchange and gradient all-reduce)."""
+    r"""Counts the bytes a rank sends per layer, the wall time it spends
+    waiting on communication (halo exchange and gradient all-reduce) and
+    other event counts (e.g. cache hits)."""
 
     def __init__(self) -> None:
         self.reset()
@@ -20,10 +21,14 @@ class CommStats:
         self.bytes_sent: Dict[str, int] = defaultdict(int)
         self.bytes_recv: Dict[str, int] = defaultdict(int)
         self.time: Dict[str, float] = defaultdict(float)
+        self.counts: Dict[str, float] = defaultdict(float)
 
     def add_bytes(self, key: str, sent: int, recv: int) -> None:
         self.bytes_sent[key] += sent
         self.bytes_recv[key] += recv
+
+    def count(self, key: str, amount: float) -> None:
+        self.counts[key] += amount
 
     @contextmanager
     def timer(self, key: str) -> Iterator[None]:

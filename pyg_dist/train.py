@@ -1,5 +1,6 @@
 """The ready-made full-graph training loop used by the CLI, notebooks and
 benchmarks, and its single-process PyG twin for comparisons."""
+import collections
 import json
 import os
 import os.path as osp
@@ -17,6 +18,7 @@ from torch_geometric.nn import GAT, GCN, GIN, GraphSAGE
 from torch_geometric.utils import to_torch_csr_tensor
 
 import pyg_dist
+from pyg_dist.cache import FeatureCache, build_cache, check_cache
 from pyg_dist.comm.compress import get_codec
 from pyg_dist.metrics import peak_memory_bytes, reset_peak_memory
 from pyg_dist.sampler import build_sampler, check_sampler
@@ -44,6 +46,10 @@ class TrainConfig:
     sampler_args: Dict[str, Any] = field(default_factory=dict)
     precompute_layer0: bool = False
     exchange_dtype: str = "fp32"  # a key of pyg_dist.comm.compress.CODECS
+    cache: str = "exact"  # a key of pyg_dist.cache.CACHES
+    cache_args: Dict[str, Any] = field(default_factory=dict)
+    feature_cache: Optional[str] = None  # a policy of pyg_dist.cache.FeatureCache
+    feature_cache_capacity: str = "25%"
 
     def validate(self) -> None:
         if self.model not in MODELS:
@@ -58,6 +64,9 @@ class TrainConfig:
                              f"(got {self.lr}, {self.weight_decay})")
         check_sampler(self.sampler, self.sampler_args)
         get_codec(self.exchange_dtype)
+        check_cache(self.cache, self.cache_args)
+        if self.feature_cache is not None:
+            FeatureCache.check(self.feature_cache, self.feature_cache_capacity)
 
 
 def build_model(config: TrainConfig, in_channels: int, out_channels: int) -> torch.nn.Module:
@@ -131,8 +140,12 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     num_classes = int(max_over_ranks(torch.tensor([num_classes], device=device))[0])
     model = build_model(config, data.num_features, num_classes).to(device)
     _broadcast_params(model)
+    cache = build_cache(config.cache, **config.cache_args)
+    feature_cache = (FeatureCache(config.feature_cache, config.feature_cache_capacity,
+                                  config.seed) if config.feature_cache else None)
     pyg_dist.nn.distribute(model, data, precompute_layer0=config.precompute_layer0,
-                           exchange_dtype=config.exchange_dtype)
+                           exchange_dtype=config.exchange_dtype, cache=cache,
+                           feature_cache=feature_cache)
     ctx, stats = model.dist_context, model.comm_stats
     sampler_args = dict(config.sampler_args)
     if config.sampler == "vr":  # PSC's coefficient c_ij is GCN's; others aggregate plainly
@@ -140,6 +153,8 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     sampler = build_sampler(config.sampler, data, seed=config.seed, stats=stats,
                             **sampler_args)
     sampler.attach(ctx)
+    if feature_cache is not None:
+        feature_cache.attach(ctx, sampler)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
     num_train = int(sum_over_ranks(data.train_mask.sum().double())) or 1
@@ -150,53 +165,76 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
         from tqdm import tqdm
         epochs = tqdm(epochs, desc=f"train {config.model} x{world}", unit="epoch")
     history = []
-    for epoch in epochs:
-        stats.reset()
-        reset_peak_memory(device)
-        start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        comm_before = stats.time["comm"]
-        with stats.timer("sample"):
-            plan = sampler.plan(epoch - 1)
-        # Waiting in the sampler's own collective counts as communication.
-        stats.time["sample"] -= stats.time["comm"] - comm_before
-        with ctx.use(plan):
-            loss = _forward_backward(model, data.adj_t, data, num_train)
-        if world > 1:
-            with stats.timer("reduce"):
-                _allreduce_grads(params)
-        optimizer.step()
-        step_time = time.perf_counter() - start
-        row = {"epoch": epoch}
-        peak = peak_memory_bytes(device)
-        sums = torch.tensor([loss.item(), stats.total_bytes_sent, stats.total_bytes_recv,
-                             plan.num_recv, data.num_halo, peak],
-                            dtype=torch.double, device=device)
-        maxes = torch.tensor([step_time, stats.time["comm"], stats.time["reduce"],
-                              stats.time["sample"], peak], dtype=torch.double, device=device)
-        if epoch % config.eval_every == 0 or epoch == config.epochs:
-            model.eval()  # always on the exact plan
-            with torch.no_grad():
-                sums = torch.cat([sums, _correct_counts(model(data.x, data.adj_t), data)])
-        sums, maxes = sum_over_ranks(sums), max_over_ranks(maxes)
-        row.update(loss=float(sums[0]), **(_accuracies(sums[6:]) if sums.numel() > 6 else
-                                          dict.fromkeys(f"{m}_acc" for m in MASKS)))
-        row.update(time=float(maxes[0]), time_comm=float(maxes[1]),
-                   time_reduce=float(maxes[2]), time_sample=float(maxes[3]),
-                   time_compute=float(maxes[0] - maxes[1] - maxes[2] - maxes[3]),
-                   bytes_sent=int(sums[1]), bytes_recv=int(sums[2]),
-                   halo_rows=int(sums[3]), halo_rows_total=int(sums[4]),
-                   peak_mem_bytes=int(maxes[4]), peak_mem_bytes_mean=int(sums[5] / world),
-                   world_size=world)
-        history.append(row)
-        if writer:
-            writer.epoch(row)
-        if rank == 0 and config.progress and hasattr(epochs, "set_postfix"):
-            epochs.set_postfix(loss=f"{row['loss']:.3f}", val=row["val_acc"])
+    plans = collections.deque()  # this iteration's plan and the coming ones
+    try:
+        for epoch in epochs:
+            row = _train_epoch(epoch, model, data, config, sampler, plans, optimizer,
+                               params, num_train, world, device)
+            history.append(row)
+            if writer:
+                writer.epoch(row)
+            if rank == 0 and config.progress and hasattr(epochs, "set_postfix"):
+                epochs.set_postfix(loss=f"{row['loss']:.3f}", val=row["val_acc"])
+    except BaseException:
+        try:  # leave no exchange in flight, but report the first error
+            ctx.finish()
+        except Exception:
+            pass
+        raise
+    ctx.finish()
     summary = summarize(history, config, world)
     if writer:
         writer.finish(summary, model, config, data.num_features, num_classes)
     return summary
+
+
+def _train_epoch(epoch: int, model, data, config: TrainConfig, sampler, plans,
+                 optimizer, params, num_train: int, world: int, device) -> Dict[str, Any]:
+    r"""One full-graph iteration, its evaluation and its metrics row."""
+    ctx, stats = model.dist_context, model.comm_stats
+    stats.reset()
+    reset_peak_memory(device)
+    start = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    comm_before = stats.time["comm"]
+    with stats.timer("sample"):  # plans are drawn as far ahead as the cache exchanges
+        while len(plans) <= ctx.cache.lookahead:
+            plans.append(sampler.plan(epoch - 1 + len(plans)))
+    # Waiting in the sampler's own collective counts as communication.
+    stats.time["sample"] -= stats.time["comm"] - comm_before
+    plan = plans.popleft()
+    with ctx.use(plan, upcoming=plans):
+        loss = _forward_backward(model, data.adj_t, data, num_train)
+    ctx.cache.step()
+    if world > 1:
+        with stats.timer("reduce"):
+            _allreduce_grads(params)
+    optimizer.step()
+    step_time = time.perf_counter() - start
+    row = {"epoch": epoch}
+    peak = peak_memory_bytes(device)
+    sums = torch.tensor([loss.item(), stats.total_bytes_sent, stats.total_bytes_recv,
+                         plan.num_recv, data.num_halo, peak, stats.counts["cache_hits"],
+                         stats.counts["cache_lookups"], stats.counts["bytes_saved"]],
+                        dtype=torch.double, device=device)
+    maxes = torch.tensor([step_time, stats.time["comm"], stats.time["reduce"],
+                          stats.time["sample"], peak], dtype=torch.double, device=device)
+    if epoch % config.eval_every == 0 or epoch == config.epochs:
+        model.eval()  # always on the exact plan, and exact (no autograd)
+        with torch.no_grad():
+            sums = torch.cat([sums, _correct_counts(model(data.x, data.adj_t), data)])
+    sums, maxes = sum_over_ranks(sums), max_over_ranks(maxes)
+    row.update(loss=float(sums[0]), **(_accuracies(sums[9:]) if sums.numel() > 9 else
+                                      dict.fromkeys(f"{m}_acc" for m in MASKS)))
+    row.update(time=float(maxes[0]), time_comm=float(maxes[1]),
+               time_reduce=float(maxes[2]), time_sample=float(maxes[3]),
+               time_compute=float(maxes[0] - maxes[1] - maxes[2] - maxes[3]),
+               bytes_sent=int(sums[1]), bytes_recv=int(sums[2]),
+               halo_rows=int(sums[3]), halo_rows_total=int(sums[4]),
+               peak_mem_bytes=int(maxes[4]), peak_mem_bytes_mean=int(sums[5] / world),
+               cache_hit_rate=float(sums[6] / sums[7]) if sums[7] > 0 else None,
+               bytes_saved=int(sums[8]), world_size=world)
+    return row
 
 
 def sum_over_ranks(t: Tensor) -> Tensor:
@@ -228,6 +266,9 @@ def summarize(history: List[Dict[str, Any]], config: TrainConfig, world: int) ->
         "time_comm": mean("time_comm"), "time_reduce": mean("time_reduce"),
         "time_sample": mean("time_sample"),
         "bytes_sent_per_epoch": mean("bytes_sent"),
+        "bytes_saved_per_epoch": mean("bytes_saved"),
+        "cache_hit_rate": (None if last.get("cache_hit_rate") is None
+                           else mean("cache_hit_rate")),
         "halo_rows_per_epoch": mean("halo_rows"),
         "halo_rows_total": last["halo_rows_total"],
         "peak_mem_bytes": max(r["peak_mem_bytes"] for r in history),

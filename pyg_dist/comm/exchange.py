@@ -1,6 +1,6 @@
 """The differentiable halo exchange."""
 import math
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -9,6 +9,42 @@ from torch import Tensor
 from pyg_dist.comm.compress import RowCodec
 from pyg_dist.comm.plan import HaloPlan
 from pyg_dist.metrics import CommStats
+
+
+class Pending:
+    r"""An ``all_to_all`` in flight: :meth:`wait` blocks until every row has
+    arrived and returns them decoded (see :func:`start_exchange`)."""
+
+    def __init__(self, recv: Tensor, works: list, decode: Callable[[Tensor], Tensor],
+                 row_bytes: int, keep_alive: Tensor) -> None:
+        self.recv, self.works, self.decode = recv, works, decode
+        self.row_bytes = row_bytes
+        self._send = keep_alive  # the send buffer must outlive the transfer
+
+    def wait(self) -> Tensor:
+        for work in self.works:
+            work.wait()
+        self.works, self._send = [], None
+        return self.decode(self.recv)
+
+
+def _start(send: Tensor, send_counts: List[int], recv_counts: List[int], group) -> tuple:
+    recv = send.new_empty((sum(recv_counts), ) + tuple(send.shape[1:]))
+    send = send.contiguous()
+    if dist.get_backend(group) != "gloo":
+        work = dist.all_to_all_single(recv, send, output_split_sizes=recv_counts,
+                                      input_split_sizes=send_counts, group=group,
+                                      async_op=True)
+        return recv, [work], send
+    rank = dist.get_rank(group)
+    ins, outs = recv.split(recv_counts), send.split(send_counts)
+    ins[rank].copy_(outs[rank])
+    peer = (lambda q: q) if group is None else (lambda q: dist.get_global_rank(group, q))
+    works = [dist.irecv(ins[q], peer(q), group=group)
+             for q in range(len(ins)) if q != rank and recv_counts[q] > 0]
+    works += [dist.isend(outs[q], peer(q), group=group)
+              for q in range(len(outs)) if q != rank and send_counts[q] > 0]
+    return recv, works, send
 
 
 def all_to_all(send: Tensor, send_counts: List[int], recv_counts: List[int],
@@ -21,35 +57,52 @@ def all_to_all(send: Tensor, send_counts: List[int], recv_counts: List[int],
     connection as its data, so ranks that arrive apart take turns on a link
     instead of using both directions (measured on an emulated 1gbit link:
     half the throughput). NCCL keeps its native collective."""
-    recv = send.new_empty((sum(recv_counts), ) + tuple(send.shape[1:]))
-    send = send.contiguous()
-    if dist.get_backend(group) != "gloo":
-        dist.all_to_all_single(recv, send, output_split_sizes=recv_counts,
-                               input_split_sizes=send_counts, group=group)
-        return recv
-    rank = dist.get_rank(group)
-    ins, outs = recv.split(recv_counts), send.split(send_counts)
-    ins[rank].copy_(outs[rank])
-    peer = (lambda q: q) if group is None else (lambda q: dist.get_global_rank(group, q))
-    requests = [dist.irecv(ins[q], peer(q), group=group)
-                for q in range(len(ins)) if q != rank and recv_counts[q] > 0]
-    requests += [dist.isend(outs[q], peer(q), group=group)
-                 for q in range(len(outs)) if q != rank and send_counts[q] > 0]
-    for request in requests:
-        request.wait()
+    recv, works, _ = _start(send, send_counts, recv_counts, group)
+    for work in works:
+        work.wait()
     return recv
+
+
+def start_exchange(rows: Tensor, send_counts: List[int], recv_counts: List[int],
+                   group=None, codec: Optional[RowCodec] = None) -> Pending:
+    r"""Starts the ``all_to_all`` of :obj:`rows` (encoded by :obj:`codec`
+    on the wire) and returns at once: the transfer proceeds in the
+    backend's own threads (gloo) or stream (NCCL) while the caller computes.
+    Every rank must start its exchanges in the same order."""
+    if codec is None:
+        recv, works, send = _start(rows, send_counts, recv_counts, group)
+        return Pending(recv, works, lambda out: out,
+                       math.prod(rows.shape[1:]) * rows.element_size(), send)
+    payload = codec.encode(rows.flatten(1))
+    recv, works, send = _start(payload, send_counts, recv_counts, group)
+    shape, dtype = tuple(rows.shape[1:]), rows.dtype
+    return Pending(recv, works, lambda out: codec.decode(out, dtype).view((-1, ) + shape),
+                   payload.size(1), send)
 
 
 def _exchange(rows: Tensor, send_counts: List[int], recv_counts: List[int], group,
               codec: Optional[RowCodec]):
-    r"""``all_to_all`` of rows, encoded by :obj:`codec` on the wire;
-    returns the received rows and the bytes one row took."""
-    if codec is None:
-        return (all_to_all(rows, send_counts, recv_counts, group),
-                math.prod(rows.shape[1:]) * rows.element_size())
-    payload = codec.encode(rows.flatten(1))
-    out = all_to_all(payload, send_counts, recv_counts, group)
-    return codec.decode(out, rows.dtype).view((-1, ) + tuple(rows.shape[1:])), payload.size(1)
+    r"""Blocking :func:`start_exchange`; returns the received rows and the
+    bytes one row took."""
+    pending = start_exchange(rows, send_counts, recv_counts, group, codec)
+    return pending.wait(), pending.row_bytes
+
+
+def return_grads(grad_halo: Tensor, plan: HaloPlan, num_inner: int, group,
+                 stats: Optional[CommStats], key: str,
+                 codec: Optional[RowCodec]) -> Tensor:
+    r"""The backward of a halo exchange: the gradients of the halo rows of
+    :obj:`plan` travel to their owners, which add them into a gradient of
+    their :obj:`num_inner` inner rows (returned)."""
+    if stats is None:
+        grad_send = _exchange(grad_halo, plan.recv_counts, plan.send_counts, group, codec)[0]
+    else:
+        with stats.timer("comm"):
+            grad_send, row_bytes = _exchange(grad_halo, plan.recv_counts, plan.send_counts,
+                                             group, codec)
+        stats.add_bytes(key + ".grad", plan.num_recv * row_bytes, plan.num_send * row_bytes)
+    grad = grad_halo.new_zeros((num_inner, ) + tuple(grad_halo.shape[1:]))
+    return grad.index_add_(0, plan.send_index, grad_send)
 
 
 class HaloExchange(torch.autograd.Function):
@@ -79,18 +132,8 @@ class HaloExchange(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_halo: Tensor):
-        plan, stats = ctx.plan, ctx.stats
-        if stats is None:
-            grad_send = _exchange(grad_halo, plan.recv_counts, plan.send_counts,
-                                  ctx.group, ctx.codec)[0]
-        else:
-            with stats.timer("comm"):
-                grad_send, row_bytes = _exchange(grad_halo, plan.recv_counts,
-                                                 plan.send_counts, ctx.group, ctx.codec)
-            stats.add_bytes(ctx.key + ".grad", plan.num_recv * row_bytes,
-                            plan.num_send * row_bytes)
-        grad = grad_halo.new_zeros((ctx.num_inner, ) + tuple(grad_halo.shape[1:]))
-        grad.index_add_(0, plan.send_index, grad_send)
+        grad = return_grads(grad_halo, ctx.plan, ctx.num_inner, ctx.group, ctx.stats,
+                            ctx.key, ctx.codec)
         return grad, None, None, None, None, None
 
 

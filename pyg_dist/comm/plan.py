@@ -60,7 +60,8 @@ class HaloPlan:
     def __init__(self, data, send_index: Tensor, send_counts: List[int],
                  recv_counts: List[int], halo_index: Optional[Tensor] = None,
                  edge_keep: Optional[Tensor] = None, edge_scale: Optional[Tensor] = None,
-                 patch: Optional[EdgePatch] = None, skip_exchange: bool = False) -> None:
+                 patch: Optional[EdgePatch] = None, skip_exchange: bool = False,
+                 send_keep: Optional[Tensor] = None) -> None:
         self.data = data
         self.send_index = send_index
         self.send_counts = send_counts
@@ -71,6 +72,7 @@ class HaloPlan:
         self.edge_scale = edge_scale
         self.patch = patch
         self.skip_exchange = skip_exchange
+        self.send_keep = send_keep  # which rows of data.send_index (None: all)
         self.cache: Dict[Any, Any] = {}  # values derived from the plan, shared by layers
 
     @classmethod
@@ -105,7 +107,8 @@ class HaloPlan:
                    _counts(send_owner[send_keep], num_parts),
                    _counts(data.halo_owner[halo_keep], num_parts),
                    halo_index=halo_keep.nonzero().view(-1), edge_keep=edge_keep,
-                   edge_scale=edge_scale, patch=patch, skip_exchange=skip_exchange)
+                   edge_scale=edge_scale, patch=patch, skip_exchange=skip_exchange,
+                   send_keep=send_keep)
 
     @property
     def num_send(self) -> int:
@@ -123,6 +126,18 @@ class HaloPlan:
     def is_exact(self) -> bool:
         return (self.halo_index is None and self.edge_keep is None
                 and self.edge_scale is None and self.patch is None)
+
+    def recv_rows(self) -> Tensor:
+        r"""The partition's halo rows this plan receives, in order."""
+        if self.halo_index is None:
+            return torch.arange(self.data.num_halo, device=self.send_index.device)
+        return self.halo_index
+
+    def send_rows(self) -> Tensor:
+        r"""Positions in ``data.send_index`` of the rows this plan sends."""
+        if self.send_keep is None:
+            return torch.arange(self.data.send_index.numel(), device=self.send_index.device)
+        return self.send_keep.nonzero().view(-1)
 
     def source_map(self) -> Tensor:
         r"""Partition source id → this plan's source id (``-1``: not received)."""

@@ -1,12 +1,14 @@
 """``DistContext``: what every distributed layer of a model shares — the
 partition, the current halo plan, the process group and the counters."""
 from contextlib import contextmanager
-from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import Tensor
 
+from pyg_dist.cache import ExactCache, FeatureCache, HaloCache
 from pyg_dist.comm import HaloPlan, halo_exchange
 from pyg_dist.comm.compress import get_codec
 from pyg_dist.comm.plan import csr
@@ -37,11 +39,14 @@ class DistContext:
     their propagate runs fastest on. The plan is the exact one unless a
     sampler installs another with :meth:`use`; :attr:`observers` are called
     with every layer's source rows (samplers that learn from embeddings
-    register here).
+    register here). The halo rows come through :attr:`cache` (a
+    :class:`~pyg_dist.cache.HaloCache`; exact by default) and, for the
+    input features, :attr:`feature_cache`.
     """
 
     def __init__(self, data: DistData, group=None, stats: Optional[CommStats] = None,
-                 exchange_dtype: str = "fp32") -> None:
+                 exchange_dtype: str = "fp32", cache: Optional[HaloCache] = None,
+                 feature_cache: Optional[FeatureCache] = None) -> None:
         world = dist.get_world_size(group) if dist.is_initialized() else 1
         if world != data.num_parts:
             raise RuntimeError(
@@ -52,32 +57,72 @@ class DistContext:
         self.group = group
         self.world_size = world
         self.codec = get_codec(exchange_dtype)
+        self.rank = data.rank
         self.full_plan = HaloPlan.full(data)
         self.plan = self.full_plan
+        self.upcoming: List[HaloPlan] = []  # the plans of the coming iterations
         self.stats = stats if stats is not None else CommStats()
         self.num_inner = data.num_inner
         self.observers: List[Observer] = []
         self._gcn_cache: Dict[tuple, GCNNorm] = {}
         self._precomputed: Dict[str, Tuple[Tensor, int, Tensor]] = {}
+        self.exact_cache = ExactCache()
+        self.cache = cache if cache is not None else self.exact_cache
+        self.feature_cache = feature_cache
+        for c in (self.exact_cache, self.cache):
+            c.attach(self)
+        if feature_cache is not None and feature_cache.ctx is None:
+            feature_cache.attach(self)
 
     @property
     def num_src(self) -> int:
         return self.plan.num_src
 
     @contextmanager
-    def use(self, plan: HaloPlan) -> Iterator[HaloPlan]:
-        r"""Runs the layers on :obj:`plan` inside the block."""
-        previous, self.plan = self.plan, plan
+    def use(self, plan: HaloPlan, upcoming: Sequence[HaloPlan] = ()) -> Iterator[HaloPlan]:
+        r"""Runs the layers on :obj:`plan` inside the block; :obj:`upcoming`
+        are the plans of the next iterations, for caches that exchange ahead."""
+        previous = self.plan, self.upcoming
+        self.plan, self.upcoming = plan, list(upcoming)
         try:
             yield plan
         finally:
-            self.plan = previous
+            self.plan, self.upcoming = previous
+
+    @property
+    def active_cache(self) -> HaloCache:
+        r"""The cache serving this pass: training passes use :attr:`cache`,
+        a pass without autograd (evaluation, inference) is exact."""
+        return self.cache if torch.is_grad_enabled() else self.exact_cache
+
+    def exchanges_raw(self, x: Tensor) -> bool:
+        r"""Whether a layer given :obj:`x` should exchange it before any
+        transform: it is the input features and a feature cache holds them,
+        or it comes out of a dropout that a stale cache moves after the
+        exchange."""
+        return ((self.feature_cache is not None and x is self.data.x)
+                or (self.active_cache.stale and hasattr(x, "_dist_dropout")))
 
     def fetch(self, key: str, x: Tensor, exact: bool = False) -> Tensor:
         r"""The halo rows of :obj:`x` (inner rows) the plan receives, with
-        autograd; in the context's exchange dtype unless :obj:`exact`."""
-        return halo_exchange(x, self.plan, self.group, self.stats, key,
-                             None if exact else self.codec)
+        autograd, through the :attr:`active_cache`; :obj:`exact`: now and
+        in full precision."""
+        if exact:
+            return halo_exchange(x, self.plan, self.group, self.stats, key)
+        cache = self.active_cache
+        if self.feature_cache is not None and x is self.data.x:
+            return self.feature_cache.serve(key, x, self.plan, self.upcoming, cache)
+        if cache.stale and hasattr(x, "_dist_dropout"):
+            # Dropout after the exchange: the rows travel undropped and are
+            # dropped here, so the forward and the backward share one mask
+            # even when the gradients reach the owner iterations later.
+            undropped, p = x._dist_dropout
+            return F.dropout(cache.fetch(key, undropped, self.plan, self.upcoming), p)
+        return cache.fetch(key, x, self.plan, self.upcoming)
+
+    def finish(self) -> None:
+        r"""Completes the cache's exchanges in flight (end of training)."""
+        self.cache.finish()
 
     def extend(self, key: str, x: Tensor) -> Tensor:
         r"""``[x | received halo rows of x]``: the source rows of the plan's graph."""

@@ -6,6 +6,7 @@ from torch import Tensor
 from torch_geometric.nn import GATConv, GCNConv, GINConv, GraphConv, SAGEConv
 from torch_geometric.nn.conv import MessagePassing
 
+from pyg_dist.cache import FeatureCache, HaloCache
 from pyg_dist.data import DistData
 from pyg_dist.metrics import CommStats
 from pyg_dist.nn.context import DistContext
@@ -31,7 +32,8 @@ PRECOMPUTABLE = (GCNConv, SAGEConv, GINConv, GraphConv)
 
 def distribute(model: torch.nn.Module, data: DistData, group=None,
                stats: Optional[CommStats] = None, precompute_layer0: bool = False,
-               exchange_dtype: str = "fp32") -> torch.nn.Module:
+               exchange_dtype: str = "fp32", cache: Optional[HaloCache] = None,
+               feature_cache: Optional[FeatureCache] = None) -> torch.nn.Module:
     r"""Converts every :class:`~torch_geometric.nn.conv.MessagePassing`
     layer of :obj:`model` in place into its partition-parallel version, like
     :meth:`torch.nn.SyncBatchNorm.convert_sync_batchnorm` (parameters,
@@ -71,8 +73,14 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
             (as they are), ``"bf16"``, ``"fp16"`` or ``"int8"`` (per-row
             scale; see :mod:`pyg_dist.comm.compress`). Computation stays in
             the model's dtype.
+        cache: how fresh the halo rows are (a :class:`~pyg_dist.cache.HaloCache`;
+            default exact). Under a stale cache the rows a layer exchanges
+            are taken before the model's dropout, which is applied to the
+            received rows after the exchange.
+        feature_cache: a :class:`~pyg_dist.cache.FeatureCache` holding
+            halo rows of the input features.
     """
-    ctx = DistContext(data, group, stats, exchange_dtype)
+    ctx = DistContext(data, group, stats, exchange_dtype, cache, feature_cache)
     layers = [(name, m) for name, m in model.named_modules()
               if isinstance(m, MessagePassing)]
     if not layers:
@@ -82,6 +90,9 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
         _convert(module, name or type(module).__name__, ctx)
     if precompute_layer0:
         _precompute_first(*layers[0])
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout) and not hasattr(module, "_dist_hook"):
+            module._dist_hook = module.register_forward_hook(_remember_undropped)
     model.comm_stats = ctx.stats
     model.dist_context = ctx
     return model
@@ -96,6 +107,13 @@ def _precompute_first(name: str, module: MessagePassing) -> None:
     module._dist_precompute = True
     if not isinstance(module, DistGCNConv):  # GCN handles it in its forward
         module.propagate = _precomputed_propagate.__get__(module)
+
+
+def _remember_undropped(module: torch.nn.Dropout, inputs, out: Tensor) -> None:
+    r"""Tags a dropout's output with its input, so that a stale cache can
+    exchange the undropped rows (see :meth:`DistContext.fetch`)."""
+    if module.training and module.p > 0 and out is not inputs[0]:
+        out._dist_dropout = (inputs[0], module.p)
 
 
 def _precomputed_propagate(module: MessagePassing, edge_index, size=None, **kwargs):

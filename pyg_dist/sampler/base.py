@@ -2,16 +2,15 @@
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
-from pyg_dist.comm import HaloPlan, all_to_all
+from pyg_dist.comm import HaloPlan
+from pyg_dist.comm.bitmask import tell_owners
 from pyg_dist.comm.plan import EdgePatch
 from pyg_dist.data import DistData
 from pyg_dist.metrics import CommStats
 
 _MASK64 = (1 << 64) - 1
-_BIT_WEIGHTS = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
 
 
 class BoundarySampler:
@@ -48,6 +47,7 @@ class BoundarySampler:
         self.halo_edge = src >= data.num_inner  # cut edges: from a halo source
         self.cut_edge = self.halo_edge.nonzero().view(-1)
         self.cut_src = src[self.cut_edge] - data.num_inner  # their halo row
+        self.probability_version = 0  # bumped when the edge probabilities change
 
     @classmethod
     def check(cls, **params) -> None:
@@ -75,6 +75,19 @@ class BoundarySampler:
         :meth:`sample_edges` draws with (kept edges are scaled by its inverse)."""
         self.edge_probability = probability.float()  # compared with float32 draws
         self.edge_scale = probability.double().reciprocal().to(self.data.adj_t.dtype)
+        self.probability_version += 1
+
+    def inclusion_probability(self) -> Tensor:
+        r"""Per halo row, the probability that a plan receives it:
+        :math:`1 - \prod_i (1 - p_{ij})` over the edges :math:`j \to i` it
+        has here (1 for a sampler that keeps every row)."""
+        data = self.data
+        if not hasattr(self, "edge_probability"):
+            return torch.ones(data.num_halo, device=self.device)
+        log_miss = torch.zeros(data.num_halo, dtype=torch.double, device=self.device)
+        log_miss.index_add_(0, self.cut_src,
+                            torch.log1p(-self.edge_probability[self.cut_edge].double()))
+        return (1 - log_miss.exp()).float()
 
     def sample_edges(self, iteration: int, cut_only: bool = False) -> HaloPlan:
         r"""Keeps each edge with its :meth:`set_edge_probability` and returns
@@ -103,30 +116,12 @@ class BoundarySampler:
         kept_cut = edge_keep[self.cut_edge]
         halo_keep = torch.zeros(data.num_halo, dtype=torch.bool, device=self.device)
         halo_keep[self.cut_src[kept_cut]] = True
-        send_keep = self._tell_owners(halo_keep)
+        send_keep = tell_owners(data, halo_keep, self.group, self.stats)
         if cut_only:
             scale = 1.0 if edge_scale is None else edge_scale[self.cut_edge]
             return HaloPlan.sampled(data, send_keep, halo_keep,
                                     patch=self.cut_patch(halo_keep, kept_cut, scale))
         return HaloPlan.sampled(data, send_keep, halo_keep, edge_keep, edge_scale)
-
-    def _tell_owners(self, halo_keep: Tensor) -> Tensor:
-        if not dist.is_initialized() or dist.get_world_size(self.group) == 1:
-            return halo_keep.new_zeros(0)
-        recv_counts = self.data.recv_counts.tolist()  # my halo rows per owner
-        send_counts = self.data.send_counts.tolist()  # rows I own per receiver
-        packed = torch.cat([_pack(m) for m in halo_keep.cpu().split(recv_counts)])
-        out_bytes = [_num_bytes(c) for c in recv_counts]
-        in_bytes = [_num_bytes(c) for c in send_counts]
-        if self.stats is None:
-            masks = all_to_all(packed.to(self.device), out_bytes, in_bytes, self.group)
-        else:
-            with self.stats.timer("comm"):
-                masks = all_to_all(packed.to(self.device), out_bytes, in_bytes, self.group)
-            self.stats.add_bytes("plan", sum(out_bytes), sum(in_bytes))
-        masks = masks.cpu()
-        return torch.cat([_unpack(m, c) for m, c in zip(masks.split(in_bytes), send_counts)]
-                         ).to(self.device)
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.extra_repr()})"
@@ -143,21 +138,6 @@ def _mix(*values: int) -> int:
         h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK64
         h ^= h >> 31
     return h & ((1 << 63) - 1)
-
-
-def _num_bytes(bits: int) -> int:
-    return (bits + 7) // 8
-
-
-def _pack(bits: Tensor) -> Tensor:
-    padded = torch.zeros(_num_bytes(bits.numel()) * 8, dtype=torch.uint8)
-    padded[:bits.numel()] = bits
-    return (padded.view(-1, 8) * _BIT_WEIGHTS).sum(1).to(torch.uint8)
-
-
-def _unpack(packed: Tensor, num_bits: int) -> Tensor:
-    bits = packed.unsqueeze(1).bitwise_and(_BIT_WEIGHTS) != 0
-    return bits.view(-1)[:num_bits]
 
 
 def validate_probability(name: str, value: float, allow_zero: bool = True) -> float:

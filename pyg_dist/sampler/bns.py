@@ -78,6 +78,9 @@ class BNSSampler(BoundarySampler):
         patch = self.cut_patch(halo_keep, halo_keep[self.cut_src], 1.0 / self.p)
         return HaloPlan.sampled(self.data, send_keep, halo_keep, patch=patch)
 
+    def inclusion_probability(self) -> Tensor:
+        return torch.full((self.data.num_halo, ), self.p, device=self.device)
+
     def _draw(self, counts: List[int], iteration: int, pair) -> Tensor:
         r"""Bernoulli(p) per row, one generator per (owner, receiver) pair."""
         draws = [self.uniform(c, iteration, *pair(q)) < self.p

@@ -24,7 +24,9 @@ class DistGCNConv(GCNConv):
     the partition's own features as input, the layer uses
     :math:`(\hat A X)\Theta` with :math:`\hat A X` aggregated once on the
     exact plan: no exchange at all, equal to the exact layer up to
-    floating-point rounding.
+    floating-point rounding. When the halo rows must travel untransformed
+    (a feature cache holds the input features, or a stale cache exchanges
+    rows before dropout), it computes :math:`(\hat A X)\Theta` as well.
     """
 
     def forward(self, x: Tensor, edge_index: Adj,
@@ -34,6 +36,8 @@ class DistGCNConv(GCNConv):
                 and edge_weight is None:
             out = self.lin(ctx.precompute(self._dist_key, x,
                                           lambda: self._aggregate(x, edge_index, None)))
+        elif ctx.exchanges_raw(x):  # Â(XΘ) = (ÂX)Θ: exchange X, as the cache needs it
+            out = self.lin(self._aggregate(x, edge_index, edge_weight))
         else:
             out = self._aggregate(self.lin(x), edge_index, edge_weight)
         if self.bias is not None:

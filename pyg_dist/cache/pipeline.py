@@ -1,0 +1,195 @@
+"""PipeGCN / PSC-GCN: halo rows τ iterations stale, exchanged while the
+layers compute."""
+from collections import deque
+from typing import Deque, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from pyg_dist.cache.base import HaloCache
+from pyg_dist.comm import HaloPlan
+from pyg_dist.comm.exchange import Pending, start_exchange
+
+Rows = Union[Tensor, Pending]  # received rows, or rows still in flight
+
+
+class _Smoother:
+    r""":math:`\hat h \leftarrow \gamma \hat h + (1 - \gamma) h` per row,
+    with :math:`\hat h` starting at a row's first value."""
+
+    def __init__(self, gamma: float, num_rows: int) -> None:
+        self.gamma, self.num_rows = gamma, num_rows
+        self.value: Optional[Tensor] = None
+        self.seen: Optional[Tensor] = None
+
+    def __call__(self, rows: Tensor, index: Tensor) -> Tensor:
+        if self.value is None:
+            self.value = rows.new_zeros((self.num_rows, ) + tuple(rows.shape[1:]))
+            self.seen = torch.zeros(self.num_rows, dtype=torch.bool, device=rows.device)
+        seen = self.seen[index].view((-1, ) + (1, ) * (rows.dim() - 1))
+        smoothed = torch.where(seen, self.gamma * self.value[index] + (1 - self.gamma) * rows,
+                               rows)
+        self.value[index] = smoothed
+        self.seen[index] = True
+        return smoothed
+
+
+class _Pipe:
+    r"""One layer input's pipeline: rows in flight for the coming
+    iterations (forward) and gradients in flight back to their owners."""
+
+    def __init__(self) -> None:
+        self.rows: Deque[Rows] = deque()
+        self.grads: Deque[Tuple[Rows, HaloPlan]] = deque()
+        self.backward_started = False
+        self.features: Optional[_Smoother] = None
+        self.gradients: Optional[_Smoother] = None
+
+
+class PipelineCache(HaloCache):
+    r"""Pipelined halo exchange with staleness :math:`\tau` (PipeGCN for
+    :math:`\tau = 1`, PSC-GCN's :math:`\tau`-step pipeline otherwise).
+
+    At iteration :math:`t` a layer aggregates its fresh inner rows with the
+    halo rows its peers sent at iteration :math:`t - \tau`, and starts the
+    exchange of its iteration-:math:`t` rows, which travels while the rest
+    of the iteration computes. The backward mirrors it: owners add the halo
+    gradients of iteration :math:`t - \tau` and send the current ones:
+
+    .. math::
+        H^{(\ell)}_t = f\big(H^{(\ell-1)}_{t,\mathrm{inner}},\,
+        H^{(\ell-1)}_{t-\tau,\mathrm{halo}}\big), \qquad
+        \nabla H^{(\ell-1)}_{t,\mathrm{inner}} \mathrel{+}=
+        \nabla H^{(\ell-1)}_{t-\tau,\mathrm{halo}}.
+
+    With smoothing (PipeGCN-F / -G / -GF) the stale values are replaced by
+    their moving averages :math:`\hat h_t = \gamma \hat h_{t-1} + (1 -
+    \gamma) h_{t-\tau}`, per halo row (features) and per sent row
+    (gradients). Improving on the reference, which starts from zeros, the
+    first iteration exchanges synchronously (so it is exact) and
+    :math:`\hat h` starts at the first value received; until iteration
+    :math:`\tau` the stale value is that first one.
+
+    Under a sampler the exchange started at iteration :math:`t` already
+    carries the rows of plan :math:`t + \tau` (plans are drawn
+    :math:`\tau` iterations ahead, as PSC-GCN does).
+
+    Dropout goes after the exchange: layers send their input before
+    dropout and drop the received rows locally, so a forward and its
+    backward use the same mask.
+
+    Args:
+        staleness: :math:`\tau \geq 1`, the number of exchanges in flight.
+        smooth_features: :math:`\gamma` for the halo rows (``None``: off).
+        smooth_grads: :math:`\gamma` for the halo gradients (``None``: off).
+    """
+    stale = True
+
+    def __init__(self, staleness: int = 1, smooth_features: Optional[float] = None,
+                 smooth_grads: Optional[float] = None) -> None:
+        super().__init__()
+        self.check(staleness=staleness, smooth_features=smooth_features,
+                   smooth_grads=smooth_grads)
+        self.lookahead = self.staleness = int(staleness)
+        self.smooth_features, self.smooth_grads = smooth_features, smooth_grads
+        self.pipes = {}
+
+    @classmethod
+    def check(cls, staleness: int = 1, smooth_features: Optional[float] = None,
+              smooth_grads: Optional[float] = None) -> None:
+        if int(staleness) != staleness or staleness < 1:
+            raise ValueError(f"staleness must be an integer >= 1 (got {staleness})")
+        for name, gamma in (("smooth_features", smooth_features),
+                            ("smooth_grads", smooth_grads)):
+            if gamma is not None and not 0 <= gamma < 1:
+                raise ValueError(f"{name} (the decay gamma) must be in [0, 1) (got {gamma})")
+
+    def fetch(self, key: str, x: Tensor, plan: HaloPlan,
+              upcoming: Sequence[HaloPlan] = ()) -> Tensor:
+        ctx, tau = self.ctx, self.staleness
+        # Without plans drawn ahead, the plan is taken to stay (e.g. exact).
+        ahead = list(upcoming) + [plan] * (tau - len(upcoming))
+        inputs, x = x, x.detach()
+        pipe = self.pipes.get(key)
+        if pipe is None:  # first iteration: exchange synchronously
+            pipe = self.pipes[key] = _Pipe()
+            with ctx.stats.timer("comm"):
+                rows = self._start(key, x, plan).wait()
+            pipe.rows.extend(rows if p is plan else self._start(key, x, p) for p in ahead)
+            if self.smooth_features is not None:
+                pipe.features = _Smoother(self.smooth_features, ctx.data.num_halo)
+            if self.smooth_grads is not None:
+                pipe.gradients = _Smoother(self.smooth_grads, ctx.data.send_index.numel())
+        else:
+            pipe.rows.append(self._start(key, x, ahead[tau - 1]))
+            rows = self._wait(pipe.rows.popleft())
+        if rows.size(0) != plan.num_recv:
+            raise RuntimeError(
+                f"Layer '{key}': the rows exchanged {tau} iteration(s) ago were for a "
+                f"plan with {rows.size(0)} halo rows, this iteration's plan has "
+                f"{plan.num_recv}: pass the plans of the coming iterations as `upcoming`")
+        if pipe.features is not None:
+            rows = pipe.features(rows, plan.recv_rows())
+        return _StaleHalo.apply(inputs, rows, self, key, plan)
+
+    def _start(self, key: str, x: Tensor, plan: HaloPlan) -> Pending:
+        ctx = self.ctx
+        pending = start_exchange(x.index_select(0, plan.send_index), plan.send_counts,
+                                 plan.recv_counts, ctx.group, ctx.codec)
+        ctx.stats.add_bytes(key, plan.num_send * pending.row_bytes,
+                            plan.num_recv * pending.row_bytes)
+        return pending
+
+    def _wait(self, rows: Rows) -> Tensor:
+        if isinstance(rows, Tensor):
+            return rows
+        with self.ctx.stats.timer("comm"):
+            return rows.wait()
+
+    def backward(self, key: str, plan: HaloPlan, grad_halo: Tensor) -> Tensor:
+        r"""The gradient of this rank's inner rows from its peers' halo
+        gradients of iteration :math:`t - \tau`; sends the current ones."""
+        ctx, pipe = self.ctx, self.pipes[key]
+        pending = start_exchange(grad_halo, plan.recv_counts, plan.send_counts, ctx.group,
+                                 ctx.codec)
+        ctx.stats.add_bytes(key + ".grad", plan.num_recv * pending.row_bytes,
+                            plan.num_send * pending.row_bytes)
+        if not pipe.backward_started:  # first iteration: synchronous
+            pipe.backward_started = True
+            received = self._wait(pending)
+            pipe.grads.extend([(received, plan)] * self.staleness)
+        else:
+            pipe.grads.append((pending, plan))
+            received, plan = pipe.grads.popleft()
+            received = self._wait(received)
+        if pipe.gradients is not None:
+            received = pipe.gradients(received, plan.send_rows())
+        grad = received.new_zeros((ctx.num_inner, ) + tuple(received.shape[1:]))
+        return grad.index_add_(0, plan.send_index, received)
+
+    def finish(self) -> None:
+        for pipe in self.pipes.values():
+            for rows in list(pipe.rows) + [rows for rows, _ in pipe.grads]:
+                if isinstance(rows, Pending):
+                    rows.wait()
+        self.pipes.clear()
+
+    def extra_repr(self) -> str:
+        return (f"staleness={self.staleness}, smooth_features={self.smooth_features}, "
+                f"smooth_grads={self.smooth_grads}")
+
+
+class _StaleHalo(torch.autograd.Function):
+    r"""Returns the stale halo rows as a function of :obj:`x` whose
+    backward is the cache's pipelined gradient exchange."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, rows: Tensor, cache: PipelineCache, key: str,
+                plan: HaloPlan) -> Tensor:
+        ctx.cache, ctx.key, ctx.plan = cache, key, plan
+        return rows.clone()  # a queue entry may be served more than once
+
+    @staticmethod
+    def backward(ctx, grad_halo: Tensor):
+        return ctx.cache.backward(ctx.key, ctx.plan, grad_halo.contiguous()), \
+            None, None, None, None
