@@ -331,6 +331,7 @@ def train_single_process(data: Data, config: TrainConfig):
         optimizer.step()
         row = {"epoch": epoch, "loss": loss.item(), "time": time.perf_counter() - start,
                "time_comm": 0.0, "time_reduce": 0.0, "time_sample": 0.0, "bytes_sent": 0,
+               "bytes_saved": 0, "cache_hit_rate": None,
                "halo_rows": 0, "halo_rows_total": 0, "peak_mem_bytes": peak_memory_bytes()}
         row["peak_mem_bytes_mean"] = row["peak_mem_bytes"]
         row["time_compute"] = row["time"]

@@ -1,0 +1,214 @@
+"""Functions that run inside spawned ranks for the cache tests."""
+import torch
+import torch.distributed as dist
+
+import pyg_dist
+from pyg_dist.cache import FeatureCache, HistoricalCache, PipelineCache
+from pyg_dist.nn import DistContext
+from pyg_dist.sampler import build_sampler
+
+FEATURES = 5
+
+
+def _randn(seed: int, *shape) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max()) if a.numel() else 0.0
+
+
+def _smooth(previous, value, gamma):
+    return value if previous is None or gamma is None else \
+        gamma * previous + (1 - gamma) * value
+
+
+def pipeline_checks(root: str, tau: int, gamma, sampled: bool, iterations: int = 7):
+    r"""The rows and gradients a pipelined fetch uses at every iteration,
+    against exact exchanges of the iteration they must come from."""
+    part = pyg_dist.DistData.load(root, dist.get_rank())
+    rank = dist.get_rank()
+    cache = PipelineCache(tau, smooth_features=gamma, smooth_grads=gamma)
+    ctx, exact = DistContext(part, cache=cache), DistContext(part)
+    if sampled:
+        bns = build_sampler("bns", part, seed=3, p=0.5)
+        plans = [bns.plan(t) for t in range(iterations + tau)]
+    else:
+        plans = [ctx.full_plan] * (iterations + tau)
+    xs = [_randn(10 * t + rank, part.num_inner, FEATURES) for t in range(iterations)]
+    gs = [_randn(1000 + 10 * t + rank, plans[t].num_recv, FEATURES)
+          for t in range(iterations)]
+    errors, hat_rows, hat_grad = [], None, None
+    for t in range(iterations):
+        x = xs[t].clone().requires_grad_()
+        with ctx.use(plans[t], upcoming=plans[t + 1:t + 1 + tau]):
+            halo = ctx.fetch("layer", x)
+        (halo * gs[t]).sum().backward()
+        cache.step()
+        s = max(t - tau, 0)  # the iteration the values must come from
+        with exact.use(plans[t]):
+            rows = exact.fetch("layer", xs[s])
+        hat_rows = _smooth(hat_rows, rows, gamma)
+        target = torch.zeros(part.num_inner, FEATURES, requires_grad=True)
+        with exact.use(plans[s]):
+            (exact.fetch("layer", target) * gs[s]).sum().backward()
+        hat_grad = _smooth(hat_grad, target.grad, gamma)
+        errors.append((t, _max_diff(halo, hat_rows), _max_diff(x.grad, hat_grad)))
+    cache.finish()
+    return errors
+
+
+def frozen_model_checks(root: str, tau: int, model_name: str):
+    r"""A pipelined model with frozen weights against the exact one:
+    outputs and weight gradients per iteration."""
+    from torch_geometric.nn import GCN, GraphSAGE
+    part = pyg_dist.DistData.load(root, dist.get_rank())
+    cls = {"sage": GraphSAGE, "gcn": GCN}[model_name]
+    models = []
+    for cache in (None, PipelineCache(tau, smooth_features=0.9, smooth_grads=0.9)):
+        torch.manual_seed(0)
+        models.append(pyg_dist.nn.distribute(cls(part.num_features, 8, 3, 4), part,
+                                             cache=cache))
+    exact, pipe = models
+    out_exact = exact(part.x, part.adj_t)
+    out_exact.pow(2).sum().backward()
+    grad_exact = torch.cat([p.grad.flatten() for p in exact.parameters()])
+    errors = []
+    for t in range(2 * tau + 2):
+        pipe.zero_grad()
+        out = pipe(part.x, part.adj_t)
+        out.pow(2).sum().backward()
+        pipe.dist_context.cache.step()
+        grad = torch.cat([p.grad.flatten() for p in pipe.parameters()])
+        errors.append((t, float((out - out_exact).abs().max()),
+                       float((grad - grad_exact).abs().max())))
+    pipe.dist_context.finish()
+    return errors
+
+
+def dropout_after_exchange(root: str):
+    r"""Under a stale cache a layer sends its peers the rows of its input
+    *before* the model's dropout and drops the rows it receives itself."""
+    from torch_geometric.nn import GraphSAGE
+    part = pyg_dist.DistData.load(root, dist.get_rank())
+    torch.manual_seed(0)
+    model = pyg_dist.nn.distribute(GraphSAGE(part.num_features, 64, 2, 4, dropout=0.5),
+                                   part, cache=PipelineCache(1))
+    ctx, seen, sent, undropped = model.dist_context, {}, {}, []
+    ctx.observers.append(lambda key, x_src, plan: seen.__setitem__(
+        key, x_src[part.num_inner:].detach()))
+    model.dropout.register_forward_hook(lambda m, inputs, out: undropped.append(inputs[0]))
+    start = ctx.cache._start
+
+    def record_and_start(key, x, plan):
+        sent[key] = x
+        return start(key, x, plan)
+    ctx.cache._start = record_and_start
+    model(part.x, part.adj_t).sum().backward()
+    ctx.finish()
+    return {"sent_undropped": torch.equal(sent["convs.1.x"], undropped[0].detach()),
+            "input_zeros": float((undropped[0] == 0).float().mean()),
+            "halo_zeros": float((seen["convs.1.x"] == 0).float().mean())}
+
+
+def historical_checks(root: str, bound: str, sampled: bool, iterations: int = 9):
+    r"""Training with SANCUS's cache: per iteration and layer, the bytes
+    that travelled, and the cache's age / gap counters and logs."""
+    from torch_geometric.nn import GraphSAGE
+    part = pyg_dist.DistData.load(root, dist.get_rank())
+    torch.manual_seed(0)
+    cache = HistoricalCache(bound)
+    model = pyg_dist.nn.distribute(GraphSAGE(part.num_features, 16, 3, 4), part,
+                                   cache=cache)
+    ctx, stats = model.dist_context, model.comm_stats
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    bns = build_sampler("bns", part, seed=5, p=0.5) if sampled else None
+    rounds, saved = [], 0
+    for t in range(iterations):
+        saved += stats.counts["bytes_saved"]
+        stats.reset()
+        optimizer.zero_grad()
+        with ctx.use(bns.plan(t) if bns else ctx.full_plan):
+            model(part.x, part.adj_t).pow(2).mean().backward()
+        cache.step()
+        optimizer.step()
+        rounds.append({k: v for k, v in stats.bytes_recv.items() if not k.endswith(".grad")
+                       and k.startswith("convs")})
+    logs = {k: h.log for k, h in cache.history.items()}
+    return {"rounds": rounds, "max_age": dict(cache.max_age),
+            "max_gap": dict(cache.max_gap), "logs": logs, "rank": dist.get_rank(),
+            "saved": saved + stats.counts["bytes_saved"]}
+
+
+def feature_cache_checks(root: str, policy: str, capacity: str, iterations: int = 4):
+    r"""A layer served by the feature cache under VR plans against the same
+    layer exchanging every row; hits and bytes against the plan."""
+    from torch_geometric.nn import SAGEConv
+    part = pyg_dist.DistData.load(root, dist.get_rank())
+    torch.manual_seed(0)
+    layer = SAGEConv(part.num_features, 4)
+    feature_cache = FeatureCache(policy, capacity, seed=1)
+    cached_layer = pyg_dist.nn.distribute(layer, part, feature_cache=feature_cache)
+    torch.manual_seed(0)
+    plain = pyg_dist.nn.distribute(SAGEConv(part.num_features, 4), part)
+    vr = build_sampler("vr", part, seed=2, rate=0.3)
+    feature_cache.attach(cached_layer.dist_context, vr)
+    stats, out = cached_layer.comm_stats, []
+    for t in range(iterations):
+        plan = vr.plan(t)
+        stats.reset()
+        with cached_layer.dist_context.use(plan):
+            a = cached_layer(part.x, part.adj_t)
+        with plain.dist_context.use(plan):
+            b = plain(part.x, part.adj_t)
+        gen = feature_cache.generation
+        hits = int(gen.cached[plan.recv_rows()].sum())
+        out.append({"error": float((a - b).detach().abs().max()), "hits": stats.counts["cache_hits"],
+                    "lookups": stats.counts["cache_lookups"], "want_hits": hits,
+                    "num_recv": plan.num_recv, "bytes": stats.bytes_recv["SAGEConv.x"]})
+    gen = feature_cache.generation
+    cached_ids = part.n_id[part.num_inner + gen.cached.nonzero().view(-1)]
+    return {"rounds": out, "cached_ids": cached_ids, "cached_rows": gen.rows,
+            "inclusion": vr.inclusion_probability(), "cached": gen.cached,
+            "num_rows": feature_cache.num_rows(part.x), "num_features": part.num_features}
+
+
+def pipeline_exception_checks(root: str):
+    r"""An exception raised on every rank in the middle of a pipelined
+    iteration: after :meth:`DistContext.finish` no exchange is in flight and
+    the model computes exactly again."""
+    from torch_geometric.nn import GraphSAGE
+    part = pyg_dist.DistData.load(root, dist.get_rank())
+    models = []
+    for cache in (None, PipelineCache(2)):
+        torch.manual_seed(0)
+        models.append(pyg_dist.nn.distribute(GraphSAGE(part.num_features, 8, 3, 4),
+                                             part, cache=cache))
+    exact, pipe = models
+
+    class Boom(RuntimeError):
+        pass
+
+    def boom(module, inputs):
+        if pipe.dist_context.cache.iteration == 3:
+            raise Boom("injected")
+    hook = pipe.convs[2].register_forward_pre_hook(boom)
+    raised = False
+    try:
+        for _ in range(5):
+            pipe(part.x, part.adj_t).sum().backward()
+            pipe.dist_context.cache.step()
+    except Boom:
+        raised = True
+    pipe.dist_context.finish()
+    hook.remove()
+    in_flight = sum(len(p.rows) + len(p.grads) for p in pipe.dist_context.cache.pipes.values())
+    with torch.no_grad():
+        want = exact(part.x, part.adj_t)
+        got_eval = pipe(part.x, part.adj_t)
+    got_train = pipe(part.x, part.adj_t)  # a fresh pipeline: synchronous first iteration
+    got_train.sum().backward()
+    pipe.dist_context.finish()
+    return {"raised": raised, "in_flight": in_flight,
+            "eval_error": float((got_eval - want).abs().max()),
+            "train_error": float((got_train - want).abs().max())}

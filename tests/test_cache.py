@@ -1,0 +1,147 @@
+"""Halo caches: staleness exactly as specified, bounds respected, cached
+rows correct, no exchange left in flight — on real gloo worlds."""
+import pytest
+import torch
+
+import pyg_dist
+from pyg_dist.cache import FeatureCache, HistoricalCache, PipelineCache, check_cache
+from pyg_dist.cache.feature import parse_capacity
+from tests import cache_workers as workers
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def parts3(tmp_path_factory):
+    from tests.conftest import small_graph
+    root = str(tmp_path_factory.mktemp("parts3"))
+    pyg_dist.partition_graph(small_graph(), 3, root=root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def parts2(tmp_path_factory):
+    from tests.conftest import small_graph
+    root = str(tmp_path_factory.mktemp("parts2"))
+    pyg_dist.partition_graph(small_graph(), 2, root=root)
+    return root
+
+
+@pytest.mark.parametrize("tau,gamma,sampled", [(1, None, False), (2, None, False),
+                                               (3, 0.8, False), (2, None, True)])
+def test_pipeline_uses_the_exchange_of_t_minus_tau(parts3, tau, gamma, sampled):
+    r"""Forward: the rows of iteration max(t - τ, 0) (smoothed: the moving
+    average of those). Backward: the owners add the halo gradients of
+    iteration max(t - τ, 0). Under a sampler, of the plan of iteration t."""
+    for errors in pyg_dist.spawn(workers.pipeline_checks, 3,
+                                 (parts3, tau, gamma, sampled), timeout=120):
+        for t, forward, backward in errors:
+            assert forward <= TOL, f"iteration {t}: rows differ by {forward}"
+            assert backward <= TOL, f"iteration {t}: gradients differ by {backward}"
+
+
+@pytest.mark.parametrize("tau,model", [(1, "sage"), (2, "gcn")])
+def test_frozen_pipelined_model_equals_exact(parts3, tau, model):
+    for errors in pyg_dist.spawn(workers.frozen_model_checks, 3, (parts3, tau, model),
+                                 timeout=120):
+        for t, out, grad in errors:
+            if t >= tau:
+                assert out <= TOL and grad <= 1e-4, (t, out, grad)
+
+
+def test_dropout_goes_after_the_exchange(parts2):
+    for r in pyg_dist.spawn(workers.dropout_after_exchange, 2, (parts2, ), timeout=120):
+        assert r["sent_undropped"]  # the rows travel before dropout...
+        # ...and are dropped on arrival (p = 0.5): zeros of ReLU and of dropout
+        expected = 1 - (1 - r["input_zeros"]) * 0.5
+        assert abs(r["halo_zeros"] - expected) < 0.05, r
+
+
+def test_exception_mid_iteration_leaves_nothing_in_flight(parts3):
+    for r in pyg_dist.spawn(workers.pipeline_exception_checks, 3, (parts3, ), timeout=120):
+        assert r["raised"] and r["in_flight"] == 0
+        assert r["eval_error"] <= TOL and r["train_error"] <= TOL
+
+
+def _agree(results):
+    r"""Every exchange an owner made matches what its receiver expected."""
+    by_rank = {r["rank"]: r["logs"] for r in results}
+    for rank, logs in by_rank.items():
+        for key, log in logs.items():
+            for i, (t, send_counts, _) in enumerate(log):
+                for peer, count in enumerate(send_counts):
+                    if peer != rank:
+                        t_peer, _, recv_counts = by_rank[peer][key][i]
+                        assert t_peer == t and recv_counts[rank] == count, (key, t)
+
+
+@pytest.mark.parametrize("bound", ["fixed:2", "adaptive:1"])
+def test_historical_epoch_bounds(parts3, bound):
+    kind, epochs = bound.split(":")
+    epochs = int(epochs)
+    results = pyg_dist.spawn(workers.historical_checks, 3, (parts3, bound, False),
+                             timeout=120)
+    _agree(results)
+    for r in results:
+        assert r["max_age"] and max(r["max_age"].values()) == epochs
+        assert r["saved"] > 0
+        for t, layers in enumerate(r["rounds"]):
+            resend = t % (epochs + 1) == 0  # exact plan: every row has one age
+            for key, received in layers.items():
+                assert (received > 0) == resend, (t, key, received)
+
+
+def test_historical_adaptive_under_sampling_bounds_every_row(parts3):
+    results = pyg_dist.spawn(workers.historical_checks, 3, (parts3, "adaptive:2", True),
+                             timeout=120)
+    _agree(results)
+    for r in results:
+        assert max(r["max_age"].values()) <= 2
+        # rows age apart: some rounds outside the every-third schedule send rows
+        assert any(v > 0 for t, layers in enumerate(r["rounds"]) if t % 3
+                   for v in layers.values())
+
+
+def test_historical_gap_bound(parts3):
+    results = pyg_dist.spawn(workers.historical_checks, 3, (parts3, "gap:0.05", False),
+                             timeout=120)
+    _agree(results)
+    skipped = 0
+    for r in results:
+        assert all(g <= 0.05 for g in r["max_gap"].values()), r["max_gap"]
+        skipped += sum(v == 0 for layers in r["rounds"][1:] for v in layers.values())
+    assert skipped > 0  # the bound let some rounds skip
+
+
+@pytest.mark.parametrize("policy", ["inclusion", "degree", "random"])
+def test_feature_cache(parts3, graph, policy):
+    for r in pyg_dist.spawn(workers.feature_cache_checks, 3, (parts3, policy, "40%"),
+                            timeout=120):
+        # a cached row always equals the owner's row
+        assert torch.equal(r["cached_rows"], graph.x[r["cached_ids"]])
+        assert r["cached"].sum() == r["num_rows"] > 0
+        row_bytes = r["num_features"] * 4
+        for round in r["rounds"]:
+            assert round["error"] <= TOL
+            assert round["hits"] == round["want_hits"] and round["lookups"] == round["num_recv"]
+            assert round["bytes"] == (round["num_recv"] - round["hits"]) * row_bytes
+        if policy == "inclusion":
+            p, cached = r["inclusion"], r["cached"]
+            assert p[cached].min() >= p[~cached].max() - 1e-6
+
+
+def test_invalid_cache_parameters():
+    for name, params in [("pipeline", dict(staleness=0)), ("pipeline", dict(staleness=1.5)),
+                         ("pipeline", dict(smooth_features=1.0)),
+                         ("historical", dict(bound="fixed:-1")),
+                         ("historical", dict(bound="gap:0")),
+                         ("historical", dict(bound="sometimes:3")),
+                         ("historical", dict(staleness=2)), ("lru", {})]:
+        with pytest.raises(ValueError):
+            check_cache(name, params)
+    for policy, capacity in [("lru", "10"), ("inclusion", "150%"), ("inclusion", "ten"),
+                             ("inclusion", "2.5")]:
+        with pytest.raises(ValueError):
+            FeatureCache.check(policy, capacity)
+    assert parse_capacity("8MB") == "8MB" and parse_capacity(100) == "100"
+    assert HistoricalCache("gap:0.5").bound == 0.5 and PipelineCache(2).lookahead == 2
