@@ -45,6 +45,16 @@ def test_partition_info_train(tmp_path):
     assert summary["config"]["sampler_args"] == {"p": 0.1}
     assert summary["config"]["exchange_dtype"] == "bf16"
 
+    # PSC-GCN: VR sampling, a τ = 2 pipeline and the inclusion-aware feature cache.
+    psc = str(tmp_path / "psc")
+    run("train", "--root", root, "--out", psc, "--epochs", "4", "--hidden", "16",
+        "--no-progress", "--sampler", "vr", "--rate", "0.3", "--staleness", "2",
+        "--feature-cache", "inclusion", "--feature-cache-capacity", "30%")
+    rows = [json.loads(line) for line in open(os.path.join(psc, "metrics.jsonl"))]
+    assert all(0 < r["cache_hit_rate"] <= 1 and r["bytes_saved"] > 0 for r in rows)
+    config = json.load(open(os.path.join(psc, "summary.json")))["config"]
+    assert config["cache"] == "pipeline" and config["cache_args"] == {"staleness": 2}
+
 
 @pytest.mark.parametrize("args,message", [
     (["--model", "mlp"], "invalid choice"),
@@ -52,6 +62,10 @@ def test_partition_info_train(tmp_path):
     (["--lr", "0"], "lr must be > 0"),
     (["--sampler", "bns", "--rate", "0.1"], "--rate do(es) not apply to --sampler bns"),
     (["--sampler", "bns", "--p", "2"], "p must be in [0, 1]"),
+    (["--cache", "pipeline", "--bound", "fixed:1"], "--bound do(es) not apply to --cache"),
+    (["--staleness", "0"], "staleness must be an integer >= 1"),
+    (["--bound", "gap:-1"], "gap:H needs H > 0"),
+    (["--feature-cache", "degree", "--feature-cache-capacity", "lots"], "capacity"),
 ])
 def test_bad_hyper_parameters(tmp_path, args, message):
     p = run("train", "--root", str(tmp_path), *args, check=False)
