@@ -55,6 +55,8 @@ def _add_cache_args(p: argparse.ArgumentParser) -> None:
                    help="keep input features of halo nodes (PSC-GCN: inclusion)")
     g.add_argument("--feature-cache-capacity", default="25%",
                    help="rows, a share of halo rows (25%%) or a size (8MB)")
+    g.add_argument("--no-background-sampling", action="store_true",
+                   help="draw the plans of a pipelined cache in the training loop")
 
 
 def _cache_args(args: argparse.Namespace):
@@ -117,7 +119,8 @@ def _config(args: argparse.Namespace):
                        precompute_layer0=args.precompute_layer0,
                        exchange_dtype=args.exchange_dtype, cache=cache,
                        cache_args=cache_args, feature_cache=args.feature_cache,
-                       feature_cache_capacity=args.feature_cache_capacity)
+                       feature_cache_capacity=args.feature_cache_capacity,
+                       background_sampling=not args.no_background_sampling)
 
 
 def run_training(root: str, config, out: Optional[str], nproc: Optional[int] = None,

@@ -1,6 +1,5 @@
 """The ready-made full-graph training loop used by the CLI, notebooks and
 benchmarks, and its single-process PyG twin for comparisons."""
-import collections
 import json
 import os
 import os.path as osp
@@ -21,7 +20,7 @@ import pyg_dist
 from pyg_dist.cache import FeatureCache, build_cache, check_cache
 from pyg_dist.comm.compress import get_codec
 from pyg_dist.metrics import peak_memory_bytes, reset_peak_memory
-from pyg_dist.sampler import build_sampler, check_sampler
+from pyg_dist.sampler import PlanPrefetcher, build_sampler, check_sampler
 
 MODELS = {"gcn": GCN, "sage": GraphSAGE, "gat": GAT, "gin": GIN}
 MASKS = ("train", "val", "test")
@@ -50,6 +49,8 @@ class TrainConfig:
     cache_args: Dict[str, Any] = field(default_factory=dict)
     feature_cache: Optional[str] = None  # a policy of pyg_dist.cache.FeatureCache
     feature_cache_capacity: str = "25%"
+    # Draw plans in a background thread when the cache exchanges ahead (CPU).
+    background_sampling: bool = True
 
     def validate(self) -> None:
         if self.model not in MODELS:
@@ -165,10 +166,12 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
         from tqdm import tqdm
         epochs = tqdm(epochs, desc=f"train {config.model} x{world}", unit="epoch")
     history = []
-    plans = collections.deque()  # this iteration's plan and the coming ones
+    lookahead = ctx.cache.lookahead
+    plans = PlanPrefetcher(sampler, lookahead, stats=stats, background=(
+        config.background_sampling and lookahead > 0 and device.type == "cpu"))
     try:
         for epoch in epochs:
-            row = _train_epoch(epoch, model, data, config, sampler, plans, optimizer,
+            row = _train_epoch(epoch, model, data, config, plans, optimizer,
                                params, num_train, world, device)
             history.append(row)
             if writer:
@@ -178,17 +181,19 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     except BaseException:
         try:  # leave no exchange in flight, but report the first error
             ctx.finish()
+            plans.close()
         except Exception:
             pass
         raise
     ctx.finish()
+    plans.close()
     summary = summarize(history, config, world)
     if writer:
         writer.finish(summary, model, config, data.num_features, num_classes)
     return summary
 
 
-def _train_epoch(epoch: int, model, data, config: TrainConfig, sampler, plans,
+def _train_epoch(epoch: int, model, data, config: TrainConfig, plans: PlanPrefetcher,
                  optimizer, params, num_train: int, world: int, device) -> Dict[str, Any]:
     r"""One full-graph iteration, its evaluation and its metrics row."""
     ctx, stats = model.dist_context, model.comm_stats
@@ -198,12 +203,10 @@ def _train_epoch(epoch: int, model, data, config: TrainConfig, sampler, plans,
     optimizer.zero_grad(set_to_none=True)
     comm_before = stats.time["comm"]
     with stats.timer("sample"):  # plans are drawn as far ahead as the cache exchanges
-        while len(plans) <= ctx.cache.lookahead:
-            plans.append(sampler.plan(epoch - 1 + len(plans)))
+        plan, upcoming = plans.next()
     # Waiting in the sampler's own collective counts as communication.
     stats.time["sample"] -= stats.time["comm"] - comm_before
-    plan = plans.popleft()
-    with ctx.use(plan, upcoming=plans):
+    with ctx.use(plan, upcoming=upcoming):
         loss = _forward_backward(model, data.adj_t, data, num_train)
     ctx.cache.step()
     if world > 1:

@@ -212,3 +212,28 @@ def pipeline_exception_checks(root: str):
     return {"raised": raised, "in_flight": in_flight,
             "eval_error": float((got_eval - want).abs().max()),
             "train_error": float((got_train - want).abs().max())}
+
+
+def prefetch_checks(root: str, iterations: int = 6, lookahead: int = 2):
+    r"""Plans drawn ahead in a background thread (their collectives on a
+    group of their own) against the same sampler called in order."""
+    from pyg_dist.metrics import CommStats
+    from pyg_dist.sampler import PlanPrefetcher
+    part = pyg_dist.DistData.load(root, dist.get_rank())
+    out = {}
+    for name, params in (("bns", {"p": 0.3}), ("vr", {"rate": 0.3})):
+        reference = build_sampler(name, part, seed=4, **params)
+        want = [reference.plan(t) for t in range(iterations + lookahead)]
+        stats = CommStats()
+        prefetcher = PlanPrefetcher(build_sampler(name, part, seed=4, **params), lookahead,
+                                    background=True, stats=stats)
+        same = True
+        for t in range(iterations):
+            plan, upcoming = prefetcher.next()
+            for got, ref in zip([plan] + upcoming, want[t:t + 1 + lookahead]):
+                same &= torch.equal(got.halo_index, ref.halo_index) and \
+                    torch.equal(got.send_index, ref.send_index)
+            same &= len(upcoming) == lookahead
+        prefetcher.close()
+        out[name] = (same, stats.bytes_sent["plan"])
+    return out

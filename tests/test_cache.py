@@ -145,3 +145,9 @@ def test_invalid_cache_parameters():
             FeatureCache.check(policy, capacity)
     assert parse_capacity("8MB") == "8MB" and parse_capacity(100) == "100"
     assert HistoricalCache("gap:0.5").bound == 0.5 and PipelineCache(2).lookahead == 2
+
+
+def test_background_sampling_draws_the_same_plans(parts3):
+    for r in pyg_dist.spawn(workers.prefetch_checks, 3, (parts3, ), timeout=120):
+        assert r["bns"] == (True, 0)  # BNS needs no message
+        assert r["vr"][0] and r["vr"][1] > 0  # VR's bitmasks are counted

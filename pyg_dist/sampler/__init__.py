@@ -8,6 +8,7 @@ from pyg_dist.sampler.base import BoundarySampler
 from pyg_dist.sampler.bns import BNSSampler
 from pyg_dist.sampler.edge import BoundaryEdgeSampler, DropEdgeSampler
 from pyg_dist.sampler.full import FullSampler
+from pyg_dist.sampler.prefetch import PlanPrefetcher
 from pyg_dist.sampler.variance import (VarianceReductionSampler, sampling_variance,
                                        vr_probabilities)
 

@@ -1,5 +1,5 @@
 """``BoundarySampler``: the base of every halo sampler."""
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -57,6 +57,13 @@ class BoundarySampler:
     def plan(self, iteration: int) -> HaloPlan:
         raise NotImplementedError
 
+    def prepare(self, iteration: int) -> Callable[[], HaloPlan]:
+        r"""Splits :meth:`plan` for drawing in another thread: what must run
+        in the training loop's order (e.g. refreshing probabilities from
+        observed embeddings) runs now; the returned function draws the plan
+        and touches no state the training loop changes."""
+        return lambda: self.plan(iteration)
+
     def attach(self, ctx) -> None:
         r"""Called once with the model's :class:`~pyg_dist.nn.DistContext`."""
 
@@ -89,11 +96,16 @@ class BoundarySampler:
                             torch.log1p(-self.edge_probability[self.cut_edge].double()))
         return (1 - log_miss.exp()).float()
 
-    def sample_edges(self, iteration: int, cut_only: bool = False) -> HaloPlan:
-        r"""Keeps each edge with its :meth:`set_edge_probability` and returns
-        the plan of the survivors (see :meth:`plan_from_edges`)."""
-        draw = self.uniform(self.edge_probability.numel(), iteration, self.rank)
-        return self.plan_from_edges(draw < self.edge_probability, self.edge_scale, cut_only)
+    def sample_edges(self, iteration: int, cut_only: bool = False,
+                     probability: Optional[Tensor] = None,
+                     scale: Optional[Tensor] = None) -> HaloPlan:
+        r"""Keeps each edge with its :meth:`set_edge_probability` (or the
+        given :obj:`probability` and :obj:`scale`) and returns the plan of
+        the survivors (see :meth:`plan_from_edges`)."""
+        if probability is None:
+            probability, scale = self.edge_probability, self.edge_scale
+        draw = self.uniform(probability.numel(), iteration, self.rank)
+        return self.plan_from_edges(draw < probability, scale, cut_only)
 
     def cut_patch(self, halo_keep: Tensor, kept: Tensor, scale: Tensor) -> EdgePatch:
         r"""The cut edges as a patch of the partition's graph: the

@@ -1,6 +1,6 @@
 """PSC-GCN: variance-reduction neighbour sampling."""
 import math
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 import torch
 from torch import Tensor
@@ -165,11 +165,15 @@ class VarianceReductionSampler(BoundarySampler):
         return self.refreshed_at is None or iteration - self.refreshed_at >= self.refresh
 
     def plan(self, iteration: int) -> HaloPlan:
+        return self.prepare(iteration)()
+
+    def prepare(self, iteration: int) -> Callable[[], HaloPlan]:
         if self._row_norms and self._due(iteration):
             self.update_probabilities()
             self.refreshed_at = iteration
         self.observing = self._due(iteration + 1)
-        return self.sample_edges(iteration)
+        probability, scale = self.edge_probability, self.edge_scale  # replaced, never mutated
+        return lambda: self.sample_edges(iteration, probability=probability, scale=scale)
 
     def edge_weights(self) -> Tensor:
         r""":math:`w_{ij} = \sqrt{a_j}\, c_{ij} \|\mathbf y_j\|` per edge."""
