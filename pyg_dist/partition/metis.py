@@ -49,7 +49,7 @@ def metis_assignment(
     try:
         import pymetis
     except ImportError:  # a required dependency, but degrade gracefully
-        return _compiled_metis(rowptr, col, num_parts, vertex_weights)
+        return _compiled_metis(rowptr, col, num_parts)
 
     objtype = pymetis.ObjType.VOL if objective == "vol" else pymetis.ObjType.CUT
     options = pymetis.Options(seed=int(seed), objtype=int(objtype))

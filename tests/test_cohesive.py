@@ -1,0 +1,98 @@
+"""CM-GCN cost model and cohesive batch partitioning (single process: the
+partitioning is a preprocessing step on the whole graph)."""
+import itertools
+
+import pytest
+import torch
+
+from pyg_dist.loader import (CostModel, HopGraph, cohesive_batches, queyranne_bisection,
+                             random_batches, recursive_bisection)
+from pyg_dist.loader.batch_partition import CoverCounts
+
+
+def _tiny_graph(n: int = 10, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, n, (3 * n, ), generator=g)
+    dst = torch.randint(0, n, (3 * n, ), generator=g)
+    keep = src != dst
+    edge_index = torch.stack([torch.cat([src[keep], dst[keep]]),
+                              torch.cat([dst[keep], src[keep]])])
+    return edge_index
+
+
+def test_cost_matches_equations():
+    cost = CostModel(dims=[3, 4, 2], alpha=1, beta=10, gamma=100, eta=1000, lam=10000)
+    deg = torch.tensor([0, 5])
+    assert torch.equal(cost.forward_cost(deg, 0), torch.zeros(2, dtype=torch.double))
+    # c_f(v,1) = α|N|d0 + β d1 d0 + γ d1
+    assert cost.forward_cost(deg, 1).tolist() == [120 + 400, 15 + 120 + 400]
+    # last layer: (λ+η) d2 + (2β+η) d2 d1
+    assert cost.backward_cost(deg, 2).tolist() == [2 * 11000 + 1020 * 8] * 2
+    # middle layer: α|N| d1 + (β+η) d1 d0 + η d1
+    assert cost.backward_cost(deg, 1).tolist() == [1010 * 12 + 4000, 20 + 1010 * 12 + 4000]
+    assert torch.equal(cost.node_cost(deg), cost.layer_costs(deg)[1:].sum(0))
+
+
+def test_batch_cost_counts_the_computational_graph():
+    # path 0 <- 1 <- 2 <- 3: node 0's 2-layer computational graph is {0} at
+    # layer 2 and {0, 1} at layer 1.
+    edge_index = torch.tensor([[1, 2, 3], [0, 1, 2]])
+    cost = CostModel(dims=[1, 1, 1], alpha=0, beta=1, gamma=0, eta=0, lam=0)
+    graph = HopGraph(edge_index, 4, cost)
+    per_node = cost.layer_costs(graph.deg)
+    assert graph.batch_cost(torch.tensor([0])) == pytest.approx(
+        float(per_node[2, 0] + per_node[1, [0, 1]].sum()))
+    # submodular: sharing neighbours costs less than the parts alone
+    a, b = graph.batch_cost(torch.tensor([0])), graph.batch_cost(torch.tensor([1]))
+    assert graph.batch_cost(torch.tensor([0, 1])) < a + b
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_queyranne_finds_the_brute_force_optimum(seed):
+    edge_index = _tiny_graph(9, seed)
+    graph = HopGraph(edge_index, 9, CostModel(dims=[4, 8, 8, 3]))
+    nodes = torch.arange(9)
+    best = min(graph.batch_cost(nodes[torch.tensor(mask)]) +
+               graph.batch_cost(nodes[~torch.tensor(mask)])
+               for mask in itertools.product([False, True], repeat=9)
+               if 0 < sum(mask) < 9)
+    mask, value = queyranne_bisection(graph, nodes)
+    assert value == pytest.approx(best)
+    assert value == pytest.approx(graph.batch_cost(nodes[mask])
+                                  + graph.batch_cost(nodes[~mask]))
+
+
+def _community_graph():
+    from tests.conftest import small_graph
+    data = small_graph(num_nodes=400, seed=3)
+    return data, torch.nonzero(data.train_mask).view(-1)
+
+
+def test_every_node_in_exactly_one_batch_and_deterministic():
+    data, nodes = _community_graph()
+    graph = HopGraph(data.edge_index, data.num_nodes, CostModel(dims=[12, 16, 16, 5]))
+    a = cohesive_batches(graph, data.edge_index, nodes, 8, method="metis", seed=1)
+    b = cohesive_batches(graph, data.edge_index, nodes, 8, method="metis", seed=1)
+    assert torch.equal(a, b) and a.numel() == nodes.numel()
+    assert set(a.tolist()) == set(range(8))
+    sizes = torch.bincount(a, minlength=8).double()
+    assert sizes.max() <= 1.1 * nodes.numel() / 8 + 1
+    small = recursive_bisection(graph, nodes[:20], 3)
+    assert set(small.tolist()) == {0, 1, 2}
+
+
+def test_cohesive_batches_cost_less_than_random():
+    data, nodes = _community_graph()
+    graph = HopGraph(data.edge_index, data.num_nodes, CostModel(dims=[12, 16, 16, 5]))
+    cohesive = cohesive_batches(graph, data.edge_index, nodes, 8, method="metis")
+    rand = random_batches(nodes.numel(), 8)
+    j, j_rand = graph.partition_cost(cohesive, nodes), graph.partition_cost(rand, nodes)
+    assert j < 0.8 * j_rand, (j, j_rand)
+    # the refinement's incremental bookkeeping agrees with a recount
+    counts = CoverCounts(graph, nodes, cohesive, 8)
+    assert counts.total() == pytest.approx(j)
+
+
+def test_calibration_measures_positive_constants():
+    cost = CostModel.calibrate([16, 16, 4], rows=256, repeats=2)
+    assert all(getattr(cost, k) > 0 for k in ("alpha", "beta", "gamma", "eta", "lam"))
