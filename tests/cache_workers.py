@@ -237,3 +237,36 @@ def prefetch_checks(root: str, iterations: int = 6, lookahead: int = 2):
         prefetcher.close()
         out[name] = (same, stats.bytes_sent["plan"])
     return out
+
+
+def cohesive_batch_checks(root: str, batch_of: torch.Tensor):
+    r"""Per mini-batch of the cohesive loader: the batch nodes' outputs, the
+    summed weight gradients of a loss over them, and the halo bytes."""
+    from tests.dist_workers import linear_loss
+    from tests.models import build_model
+    from pyg_dist.loader import CohesiveBatchLoader
+    part = pyg_dist.DistData.load(root, dist.get_rank())
+    out = {}
+    for name in ("GraphSAGE", "GCN", "GAT"):
+        torch.manual_seed(0)
+        model = pyg_dist.nn.distribute(build_model(name, part.num_features), part)
+        ctx, stats = model.dist_context, model.comm_stats
+        loader = CohesiveBatchLoader(part, batch_of, num_layers=len(ctx.layer_index),
+                                     seed=3)
+        for batch in loader:
+            model.zero_grad()
+            stats.reset()
+            with ctx.use(batch.plans):
+                y = model(part.x, part.adj_t)
+            n_id = part.n_id[:part.num_inner][batch.targets]
+            linear_loss(y[batch.targets], n_id).backward()
+            grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+            for g in grads.values():
+                dist.all_reduce(g)
+            out[name, batch.index] = {"n_id": n_id, "out": y[batch.targets].detach(),
+                                      "grads": grads, "bytes": stats.total_bytes_recv}
+        stats.reset()
+        model(part.x, part.adj_t).sum().backward()
+        out[name, "full_bytes"] = stats.total_bytes_recv
+        out[name, "order"] = [loader.order() for _ in range(1)]
+    return out

@@ -13,7 +13,8 @@ def linear_loss(out: torch.Tensor, n_id: torch.Tensor) -> torch.Tensor:
     r"""A loss that is a sum over nodes with fixed per-node weights, so the
     distributed total is the sum of the ranks' parts."""
     gen = torch.Generator().manual_seed(123)
-    weight = torch.randn(int(n_id.max()) + 10_000, out.size(1), generator=gen)
+    largest = int(n_id.max()) if n_id.numel() else 0
+    weight = torch.randn(largest + 10_000, out.size(1), generator=gen)
     return (out * weight[n_id]).sum() / 100.0
 
 

@@ -96,3 +96,33 @@ def test_cohesive_batches_cost_less_than_random():
 def test_calibration_measures_positive_constants():
     cost = CostModel.calibrate([16, 16, 4], rows=256, repeats=2)
     assert all(getattr(cost, k) > 0 for k in ("alpha", "beta", "gamma", "eta", "lam"))
+
+
+def test_distributed_batches_equal_single_process_pyg(tmp_path):
+    import pyg_dist
+    from tests.cache_workers import cohesive_batch_checks
+    from tests.dist_workers import linear_loss
+    from tests.models import build_model
+    data, nodes = _community_graph()
+    graph = HopGraph(data.edge_index, data.num_nodes, CostModel(dims=[12, 8, 8, 5]))
+    batch_of = torch.full((data.num_nodes, ), -1)
+    batch_of[nodes] = cohesive_batches(graph, data.edge_index, nodes, 4, method="metis")
+    pyg_dist.partition_graph(data, 3, root=str(tmp_path))
+    results = pyg_dist.spawn(cohesive_batch_checks, 3, (str(tmp_path), batch_of), timeout=180)
+    for name in ("GraphSAGE", "GCN", "GAT"):
+        for b in range(4):
+            torch.manual_seed(0)
+            model = build_model(name, data.num_features)
+            y = model(data.x, data.edge_index)
+            batch = (batch_of == b).nonzero().view(-1)
+            linear_loss(y[batch], batch).backward()
+            seen = torch.zeros(data.num_nodes, dtype=torch.bool)
+            for r in results:
+                got = r[name, b]
+                assert torch.allclose(got["out"], y[got["n_id"]], atol=1e-5)
+                seen[got["n_id"]] = True
+                for k, p in model.named_parameters():
+                    assert torch.allclose(got["grads"][k], p.grad, atol=1e-5), (name, b, k)
+            assert torch.equal(seen.nonzero().view(-1), batch)  # every batch node, once
+        for r in results:  # a batch exchanges less than the whole graph
+            assert max(r[name, b]["bytes"] for b in range(4)) < r[name, "full_bytes"]

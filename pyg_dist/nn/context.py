@@ -1,7 +1,8 @@
 """``DistContext``: what every distributed layer of a model shares — the
 partition, the current halo plan, the process group and the counters."""
 from contextlib import contextmanager
-from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import (Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple,
+                    Union)
 
 import torch
 import torch.distributed as dist
@@ -16,6 +17,7 @@ from pyg_dist.data import DistData
 from pyg_dist.metrics import CommStats
 
 Observer = Callable[[str, Tensor, HaloPlan], None]
+Plans = Union[HaloPlan, Sequence[HaloPlan]]  # one plan, or one per layer
 
 
 class GCNNorm(NamedTuple):
@@ -59,8 +61,10 @@ class DistContext:
         self.codec = get_codec(exchange_dtype)
         self.rank = data.rank
         self.full_plan = HaloPlan.full(data)
-        self.plan = self.full_plan
-        self.upcoming: List[HaloPlan] = []  # the plans of the coming iterations
+        self._plans: Plans = self.full_plan
+        self._upcoming: List[Plans] = []  # the plans of the coming iterations
+        self.layer_index: Dict[str, int] = {}  # layer key -> position in the model
+        self._layer = 0
         self.stats = stats if stats is not None else CommStats()
         self.num_inner = data.num_inner
         self.observers: List[Observer] = []
@@ -79,15 +83,38 @@ class DistContext:
         return self.plan.num_src
 
     @contextmanager
-    def use(self, plan: HaloPlan, upcoming: Sequence[HaloPlan] = ()) -> Iterator[HaloPlan]:
-        r"""Runs the layers on :obj:`plan` inside the block; :obj:`upcoming`
-        are the plans of the next iterations, for caches that exchange ahead."""
-        previous = self.plan, self.upcoming
-        self.plan, self.upcoming = plan, list(upcoming)
+    def use(self, plan: Plans, upcoming: Sequence[Plans] = ()) -> Iterator[Plans]:
+        r"""Runs the layers on :obj:`plan` inside the block: one
+        :class:`~pyg_dist.comm.HaloPlan` for every layer, or a sequence of
+        them, one per distributed layer in model order (e.g. a mini-batch's
+        layer-wise computational graph). :obj:`upcoming` are the plans of the
+        next iterations, for caches that exchange ahead."""
+        if not isinstance(plan, HaloPlan) and self.layer_index \
+                and len(plan) != len(self.layer_index):
+            raise ValueError(f"Got {len(plan)} layer plans for a model with "
+                             f"{len(self.layer_index)} distributed layers")
+        previous = self._plans, self._upcoming
+        self._plans, self._upcoming = plan, list(upcoming)
         try:
             yield plan
         finally:
-            self.plan, self.upcoming = previous
+            self._plans, self._upcoming = previous
+
+    def enter(self, key: str) -> None:
+        r"""Called by a distributed layer when it starts: selects its plan."""
+        self._layer = self.layer_index.get(key, 0)
+
+    def _at_layer(self, plans: Plans) -> HaloPlan:
+        return plans if isinstance(plans, HaloPlan) else plans[self._layer]
+
+    @property
+    def plan(self) -> HaloPlan:
+        r"""The plan of the layer running now."""
+        return self._at_layer(self._plans)
+
+    @property
+    def upcoming(self) -> List[HaloPlan]:
+        return [self._at_layer(p) for p in self._upcoming]
 
     @property
     def active_cache(self) -> HaloCache:

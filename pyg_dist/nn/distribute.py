@@ -86,8 +86,9 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
     if not layers:
         raise ValueError(f"'{type(model).__name__}' contains no MessagePassing "
                          f"layer to distribute")
-    for name, module in layers:
+    for i, (name, module) in enumerate(layers):
         _convert(module, name or type(module).__name__, ctx)
+        ctx.layer_index[module._dist_key] = i
     if precompute_layer0:
         _precompute_first(*layers[0])
     for module in model.modules():
@@ -160,6 +161,7 @@ def _propagate_pre_hook(module: MessagePassing, inputs):
     the partition's adjacency for the form this layer aggregates fastest."""
     edge_index, size, kwargs = inputs
     ctx: DistContext = module._dist_ctx
+    ctx.enter(module._dist_key)
     sources = _source_args(module)
     for arg in sources:
         value, key = kwargs.get(arg), f"{module._dist_key}.{arg}"

@@ -23,6 +23,7 @@ class DistGATConv(GATConv):
     def forward(self, x: Tensor, edge_index: Adj, edge_attr: Optional[Tensor] = None,
                 size=None, return_attention_weights=None):
         ctx = self._dist_ctx
+        ctx.enter(self._dist_key)
         x_src = ctx.extend(self._dist_key, x)
         if edge_attr is not None and ctx.is_local_graph(edge_index):
             edge_attr = ctx.plan.edges(edge_attr)

@@ -32,6 +32,7 @@ class DistGCNConv(GCNConv):
     def forward(self, x: Tensor, edge_index: Adj,
                 edge_weight: Optional[Tensor] = None) -> Tensor:
         ctx = self._dist_ctx
+        ctx.enter(self._dist_key)
         if getattr(self, "_dist_precompute", False) and x is ctx.data.x \
                 and edge_weight is None:
             out = self.lin(ctx.precompute(self._dist_key, x,

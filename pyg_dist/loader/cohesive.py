@@ -1,0 +1,96 @@
+r"""``CohesiveBatchLoader``: CM-GCN's mini-batches over a partition."""
+import os.path as osp
+from typing import Iterator, List, NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+from pyg_dist.comm import HaloPlan
+from pyg_dist.data import DistData
+from pyg_dist.loader.batch_plan import batch_plans
+from pyg_dist.metrics import CommStats
+from pyg_dist.partition.book import safe_load
+
+BATCHES_FILE = "batches.pt"
+
+
+def save_batches(root: str, batch_of: Tensor) -> str:
+    r"""Stores the batch of every node (original ids; ``-1``: in no batch)
+    next to the partitions in :obj:`root`."""
+    path = osp.join(root, BATCHES_FILE)
+    torch.save({"batch_of": batch_of.long().cpu()}, path)
+    return path
+
+
+def load_batches(root: str) -> Tensor:
+    path = osp.join(root, BATCHES_FILE)
+    if not osp.exists(path):
+        raise FileNotFoundError(f"'{path}' is missing: compute the batches with "
+                                f"pyg_dist.loader.cohesive_batches and save_batches")
+    item = safe_load(path)
+    if not isinstance(item, dict) or not isinstance(item.get("batch_of"), Tensor):
+        raise RuntimeError(f"'{path}' is not a pyg_dist batch file")
+    return item["batch_of"]
+
+
+class Batch(NamedTuple):
+    r"""One mini-batch on this rank: its id, the inner nodes it trains on
+    (``targets``) and one plan per layer (its computational graph)."""
+    index: int
+    targets: Tensor
+    plans: List[HaloPlan]
+
+
+class CohesiveBatchLoader:
+    r"""Iterates over the mini-batches of an epoch on every rank in step:
+    every training node is in exactly one batch, the batch order is
+    shuffled per epoch from :obj:`seed` (the same on all ranks), and each
+    batch comes with its layer-wise plans (:func:`batch_plans`), built once
+    and reused every epoch.
+
+    Args:
+        data: this rank's partition.
+        batch_of: the batch of every node of the whole graph by original id
+            (``-1``: none), e.g. from :func:`~pyg_dist.loader.cohesive_batches`.
+        num_layers: :math:`K`, the model's number of message-passing layers.
+        seed: the shuffling seed.
+        shuffle: shuffle the batch order per epoch.
+    """
+
+    def __init__(self, data: DistData, batch_of: Tensor, num_layers: int, seed: int = 0,
+                 shuffle: bool = True, group=None, stats: Optional[CommStats] = None) -> None:
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1 (got {num_layers})")
+        if batch_of.numel() != data.num_global_nodes:
+            raise ValueError(f"batch_of has {batch_of.numel()} entries, the graph "
+                             f"{data.num_global_nodes} nodes")
+        self.data, self.num_layers, self.seed, self.shuffle = data, num_layers, seed, shuffle
+        self.group, self.stats = group, stats
+        self.num_batches = int(batch_of.max()) + 1
+        self.batch_of = batch_of.to(data.n_id.device)[data.n_id[:data.num_inner]]
+        self.epoch = 0
+        self._plans: dict = {}
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def order(self) -> List[int]:
+        if not self.shuffle:
+            return list(range(self.num_batches))
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return torch.randperm(self.num_batches, generator=g).tolist()
+
+    def batch(self, index: int) -> Batch:
+        targets = self.batch_of == index
+        if index not in self._plans:
+            self._plans[index] = batch_plans(self.data, targets, self.num_layers,
+                                             self.group, self.stats)
+        return Batch(index, targets, self._plans[index])
+
+    def __iter__(self) -> Iterator[Batch]:
+        for index in self.order():
+            yield self.batch(index)
+        self.epoch += 1
