@@ -32,6 +32,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                    help="seconds a rank waits for a peer before failing")
     p.add_argument("--exchange-dtype", choices=list(CODECS), default=d.exchange_dtype,
                    help="how halo rows and gradients travel (int8: per-row scale)")
+    p.add_argument("--loader", choices=["full", "cohesive"], default=d.loader,
+                   help="full-graph epochs, or CM-GCN cohesive mini-batches (needs "
+                        "partition --num-batches)")
     _add_sampler_args(p)
     _add_cache_args(p)
 
@@ -120,7 +123,8 @@ def _config(args: argparse.Namespace):
                        exchange_dtype=args.exchange_dtype, cache=cache,
                        cache_args=cache_args, feature_cache=args.feature_cache,
                        feature_cache_capacity=args.feature_cache_capacity,
-                       background_sampling=not args.no_background_sampling)
+                       background_sampling=not args.no_background_sampling,
+                       loader=args.loader)
 
 
 def run_training(root: str, config, out: Optional[str], nproc: Optional[int] = None,
@@ -178,6 +182,31 @@ def cmd_partition(args: argparse.Namespace) -> None:
                            objective=args.objective, root=args.root, seed=args.seed)
     print(book.summary())
     print(f"wrote {args.num_parts} partitions to {args.root}")
+    if args.num_batches:
+        _write_batches(data, args)
+
+
+def _write_batches(data, args: argparse.Namespace) -> None:
+    r"""CM-GCN's cohesive mini-batches of the training nodes, saved next to
+    the partitions for ``pyg-dist train --loader cohesive``."""
+    import torch
+    from pyg_dist.loader import CostModel, HopGraph, cohesive_batches, random_batches
+    from pyg_dist.loader import save_batches
+    nodes = data.train_mask.nonzero().view(-1)
+    num_classes = int(data.y.max()) + 1
+    cost = CostModel(dims=[data.num_features] + [64] * (args.batch_layers - 1)
+                     + [num_classes])
+    graph = HopGraph(data.edge_index, data.num_nodes, cost)
+    assignment = cohesive_batches(graph, data.edge_index, nodes, args.num_batches,
+                                  seed=args.seed)
+    batch_of = torch.full((data.num_nodes, ), -1, dtype=torch.long)
+    batch_of[nodes] = assignment
+    path = save_batches(args.root, batch_of)
+    j = graph.partition_cost(assignment, nodes)
+    j_random = graph.partition_cost(random_batches(nodes.numel(), args.num_batches,
+                                                   args.seed), nodes)
+    print(f"wrote {args.num_batches} cohesive batches to {path}: J(P) = {j:.4g}, "
+          f"{100 * (1 - j / j_random):.1f}% below random batches")
 
 
 def cmd_info(args: argparse.Namespace) -> None:
@@ -212,6 +241,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--objective", default="vol", choices=["vol", "cut"])
     p.add_argument("--root", required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-batches", type=int, default=0,
+                   help="also split the training nodes into this many CM-GCN cohesive "
+                        "mini-batches (for train --loader cohesive)")
+    p.add_argument("--batch-layers", type=int, default=3,
+                   help="model depth K the batches' cost model assumes")
     p.set_defaults(fn=cmd_partition)
 
     p = sub.add_parser("info", help="show the statistics of a partition directory")

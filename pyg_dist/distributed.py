@@ -11,6 +11,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
 DEFAULT_TIMEOUT = 300.0  # seconds a collective may wait for a peer
 
@@ -135,3 +136,17 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
         raise RuntimeError(f"{len(errors) + len(missing)} of {nprocs} ranks failed:\n"
                            + "\n".join(lines))
     return [pickle.loads(outcome[r][1]) for r in range(nprocs)]
+
+
+def sum_over_ranks(t: Tensor) -> Tensor:
+    r"""In-place sum of :obj:`t` over the default group's ranks."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return t
+
+
+def max_over_ranks(t: Tensor) -> Tensor:
+    r"""In-place maximum of :obj:`t` over the default group's ranks."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t

@@ -19,6 +19,8 @@ from torch_geometric.utils import to_torch_csr_tensor
 import pyg_dist
 from pyg_dist.cache import FeatureCache, build_cache, check_cache
 from pyg_dist.comm.compress import get_codec
+from pyg_dist.distributed import max_over_ranks, sum_over_ranks
+from pyg_dist.loader import CohesiveBatchLoader, load_batches
 from pyg_dist.metrics import peak_memory_bytes, reset_peak_memory
 from pyg_dist.sampler import PlanPrefetcher, build_sampler, check_sampler
 
@@ -51,6 +53,7 @@ class TrainConfig:
     feature_cache_capacity: str = "25%"
     # Draw plans in a background thread when the cache exchanges ahead (CPU).
     background_sampling: bool = True
+    loader: str = "full"  # full-graph epochs, or "cohesive" (CM-GCN mini-batches)
 
     def validate(self) -> None:
         if self.model not in MODELS:
@@ -68,6 +71,12 @@ class TrainConfig:
         check_cache(self.cache, self.cache_args)
         if self.feature_cache is not None:
             FeatureCache.check(self.feature_cache, self.feature_cache_capacity)
+        if self.loader not in ("full", "cohesive"):
+            raise ValueError(f"Unknown loader '{self.loader}' (full, cohesive)")
+        if self.loader == "cohesive" and (self.sampler != "full" or self.cache != "exact"
+                                          or self.feature_cache or self.precompute_layer0):
+            raise ValueError("loader 'cohesive' runs exact mini-batches: samplers, caches "
+                             "and precompute_layer0 do not combine with it yet")
 
 
 def build_model(config: TrainConfig, in_channels: int, out_channels: int) -> torch.nn.Module:
@@ -167,8 +176,12 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
         epochs = tqdm(epochs, desc=f"train {config.model} x{world}", unit="epoch")
     history = []
     lookahead = ctx.cache.lookahead
-    plans = PlanPrefetcher(sampler, lookahead, stats=stats, background=(
-        config.background_sampling and lookahead > 0 and device.type == "cpu"))
+    if config.loader == "cohesive":
+        plans = CohesiveBatchLoader(data, load_batches(root), len(ctx.layer_index),
+                                    seed=config.seed, stats=stats)
+    else:
+        plans = PlanPrefetcher(sampler, lookahead, stats=stats, background=(
+            config.background_sampling and lookahead > 0 and device.type == "cpu"))
     try:
         for epoch in epochs:
             row = _train_epoch(epoch, model, data, config, plans, optimizer,
@@ -201,23 +214,27 @@ def _train_epoch(epoch: int, model, data, config: TrainConfig, plans: PlanPrefet
     reset_peak_memory(device)
     start = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
-    comm_before = stats.time["comm"]
-    with stats.timer("sample"):  # plans are drawn as far ahead as the cache exchanges
-        plan, upcoming = plans.next()
-    # Waiting in the sampler's own collective counts as communication.
-    stats.time["sample"] -= stats.time["comm"] - comm_before
-    with ctx.use(plan, upcoming=upcoming):
-        loss = _forward_backward(model, data.adj_t, data, num_train)
-    ctx.cache.step()
-    if world > 1:
-        with stats.timer("reduce"):
-            _allreduce_grads(params)
-    optimizer.step()
+    if isinstance(plans, CohesiveBatchLoader):
+        loss, plan = _train_batches(model, data, plans, optimizer, params, world), None
+    else:
+        comm_before = stats.time["comm"]
+        with stats.timer("sample"):  # plans are drawn as far ahead as the cache exchanges
+            plan, upcoming = plans.next()
+        # Waiting in the sampler's own collective counts as communication.
+        stats.time["sample"] -= stats.time["comm"] - comm_before
+        with ctx.use(plan, upcoming=upcoming):
+            loss = _forward_backward(model, data.adj_t, data, num_train)
+        ctx.cache.step()
+        if world > 1:
+            with stats.timer("reduce"):
+                _allreduce_grads(params)
+        optimizer.step()
     step_time = time.perf_counter() - start
     row = {"epoch": epoch}
     peak = peak_memory_bytes(device)
+    halo_rows = data.num_halo if plan is None else plan.num_recv
     sums = torch.tensor([loss.item(), stats.total_bytes_sent, stats.total_bytes_recv,
-                         plan.num_recv, data.num_halo, peak, stats.counts["cache_hits"],
+                         halo_rows, data.num_halo, peak, stats.counts["cache_hits"],
                          stats.counts["cache_lookups"], stats.counts["bytes_saved"]],
                         dtype=torch.double, device=device)
     maxes = torch.tensor([step_time, stats.time["comm"], stats.time["reduce"],
@@ -240,16 +257,28 @@ def _train_epoch(epoch: int, model, data, config: TrainConfig, plans: PlanPrefet
     return row
 
 
-def sum_over_ranks(t: Tensor) -> Tensor:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t)
-    return t
-
-
-def max_over_ranks(t: Tensor) -> Tensor:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t
+def _train_batches(model, data, loader: CohesiveBatchLoader, optimizer, params,
+                   world: int) -> Tensor:
+    r"""One epoch of CM-GCN mini-batches: per batch, a forward and backward
+    on its layer plans, a loss over its training nodes normalised by their
+    global count, and a synchronous SGD step (gradients all-reduced)."""
+    ctx, stats = model.dist_context, model.comm_stats
+    total = torch.zeros((), device=data.x.device)
+    for batch in loader:
+        optimizer.zero_grad(set_to_none=True)
+        mask = batch.targets & data.train_mask
+        count = loader.count(batch.index, mask)
+        model.train()
+        with ctx.use(batch.plans):
+            out = model(data.x, data.adj_t)
+        loss = F.cross_entropy(out[mask], data.y[mask], reduction="sum") / count
+        loss.backward()
+        if world > 1:
+            with stats.timer("reduce"):
+                _allreduce_grads(params)
+        optimizer.step()
+        total += loss.detach() / len(loader)
+    return total
 
 
 def summarize(history: List[Dict[str, Any]], config: TrainConfig, world: int) -> Dict[str, Any]:

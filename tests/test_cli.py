@@ -92,3 +92,16 @@ def test_torchrun(tmp_path):
                    env=env, capture_output=True, text=True, timeout=300, check=True)
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert len(rows) == 2 and rows[-1]["world_size"] == 2
+
+
+def test_cohesive_batches_end_to_end(tmp_path):
+    root, out = str(tmp_path / "parts"), str(tmp_path / "run")
+    p = run("partition", "--num-nodes", "2000", "--num-parts", "2", "--root", root,
+            "--data-dir", str(tmp_path / "data"), "--num-batches", "4")
+    assert "cohesive batches" in p.stdout and "below random batches" in p.stdout
+    run("train", "--root", root, "--out", out, "--epochs", "3", "--hidden", "16",
+        "--no-progress", "--loader", "cohesive")
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert len(rows) == 3 and rows[-1]["loss"] < rows[0]["loss"]
+    p = run("train", "--root", root, "--loader", "cohesive", "--staleness", "1", check=False)
+    assert p.returncode != 0 and "do not combine" in p.stderr

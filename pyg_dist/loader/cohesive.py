@@ -9,6 +9,7 @@ from pyg_dist.comm import HaloPlan
 from pyg_dist.data import DistData
 from pyg_dist.loader.batch_plan import batch_plans
 from pyg_dist.metrics import CommStats
+from pyg_dist.distributed import sum_over_ranks
 from pyg_dist.partition.book import safe_load
 
 BATCHES_FILE = "batches.pt"
@@ -70,6 +71,7 @@ class CohesiveBatchLoader:
         self.batch_of = batch_of.to(data.n_id.device)[data.n_id[:data.num_inner]]
         self.epoch = 0
         self._plans: dict = {}
+        self._counts: dict = {}
 
     def __len__(self) -> int:
         return self.num_batches
@@ -89,6 +91,17 @@ class CohesiveBatchLoader:
             self._plans[index] = batch_plans(self.data, targets, self.num_layers,
                                              self.group, self.stats)
         return Batch(index, targets, self._plans[index])
+
+    def count(self, index: int, mask: Tensor) -> float:
+        r"""The number of nodes of :obj:`mask` in batch :obj:`index` over all
+        ranks (a loss normaliser), computed once per batch."""
+        if index not in self._counts:
+            self._counts[index] = max(float(sum_over_ranks(mask.sum().double())), 1.0)
+        return self._counts[index]
+
+    def close(self) -> None:
+        r"""Nothing runs in the background (same interface as
+        :class:`~pyg_dist.sampler.PlanPrefetcher`)."""
 
     def __iter__(self) -> Iterator[Batch]:
         for index in self.order():
