@@ -32,6 +32,9 @@ every run.
 Usage::
 
     python benchmarks/staleness.py                      # the full run
+    python benchmarks/staleness.py --link loopback --seeds 1 --methods \
+        "psc t=2 +fc" "psc t=2 +fc degree" "psc t=2 +fc random" \
+        --out benchmarks/results/staleness_feature_cache.json
     python benchmarks/staleness.py --link loopback --seeds 1 --epochs 5 \
         --methods exact pipegcn --out /tmp/staleness.json
 """
@@ -68,11 +71,18 @@ METHODS = {  # label -> pyg-dist train flags
     "psc t=2": PSC + ["--staleness", "2"],
     "psc t=1 +fc": PSC + ["--staleness", "1"] + FC,
     "psc t=2 +fc": PSC + ["--staleness", "2"] + FC,
+    # the feature cache's baselines (PaGraph's degree, random), same capacity
+    "psc t=2 +fc degree": PSC + ["--staleness", "2"] + FC[:1] + ["degree"] + FC[2:],
+    "psc t=2 +fc random": PSC + ["--staleness", "2"] + FC[:1] + ["random"] + FC[2:],
     "sancus fixed:2": ["--bound", "fixed:2"],
     "sancus adaptive:2": ["--bound", "adaptive:2"],
     "sancus gap:0.05": ["--bound", "gap:0.05"],
     "bns 0.1 +pipe": ["--sampler", "bns", "--p", "0.1"] + PIPE,
 }
+
+
+# The full run; the feature-cache baselines run apart (loopback is enough).
+DEFAULT_METHODS = [m for m in METHODS if not m.startswith("psc t=2 +fc ")]
 
 
 def summarize(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -172,7 +182,7 @@ def main() -> None:
     parser.add_argument("--parts", type=int, default=2)
     parser.add_argument("--link", "--links", dest="links", nargs="+",
                         default=["loopback", "1gbit,0.1ms", "10gbit,0.1ms"])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS),
+    parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS,
                         choices=list(METHODS))
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--seeds", type=int, default=3)
@@ -183,6 +193,8 @@ def main() -> None:
     parser.add_argument("--workdir", default="runs/bench_sampling")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--out", default=RESULTS)
+    parser.add_argument("--extra-flags", default="",
+                        help="appended to every method's flags, e.g. '--refresh 10'")
     parser.add_argument("--report", metavar="JSON", default=None,
                         help="print the tables of a saved run and exit")
     args = parser.parse_args()
@@ -206,8 +218,8 @@ def main() -> None:
                 for seed in seeds:
                     out = osp.join(args.workdir, "runs", f"stale-{i}-{method}-{seed}"
                                    .replace(" ", "_"))
-                    rows = run(net, root, out, METHODS[method] + [
-                        "--seed", str(seed), "--eval-every", "1"], args)
+                    rows = run(net, root, out, METHODS[method] + args.extra_flags.split()
+                               + ["--seed", str(seed), "--eval-every", "1"], args)
                     runs.append({"seed": seed, **summarize(rows)})
                     print(f"  {net.label} {method} seed {seed}: "
                           f"{runs[-1]['epoch_time']:.3f} s/epoch, wait "
