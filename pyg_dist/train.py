@@ -5,7 +5,7 @@ import os
 import os.path as osp
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -192,14 +192,16 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
             if rank == 0 and config.progress and hasattr(epochs, "set_postfix"):
                 epochs.set_postfix(loss=f"{row['loss']:.3f}", val=row["val_acc"])
     except BaseException:
-        try:  # leave no exchange in flight, but report the first error
-            ctx.finish()
-            plans.close()
-        except Exception:
-            pass
+        for cleanup in (ctx.finish, plans.close):  # nothing left in flight...
+            try:
+                cleanup()
+            except Exception:  # ...but the first error is the one reported
+                pass
         raise
-    ctx.finish()
-    plans.close()
+    try:
+        ctx.finish()
+    finally:
+        plans.close()
     summary = summarize(history, config, world)
     if writer:
         writer.finish(summary, model, config, data.num_features, num_classes)
@@ -215,7 +217,7 @@ def _train_epoch(epoch: int, model, data, config: TrainConfig, plans: PlanPrefet
     start = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
     if isinstance(plans, CohesiveBatchLoader):
-        loss, plan = _train_batches(model, data, plans, optimizer, params, world), None
+        loss, halo_rows = _train_batches(model, data, plans, optimizer, params, world)
     else:
         comm_before = stats.time["comm"]
         with stats.timer("sample"):  # plans are drawn as far ahead as the cache exchanges
@@ -229,10 +231,10 @@ def _train_epoch(epoch: int, model, data, config: TrainConfig, plans: PlanPrefet
             with stats.timer("reduce"):
                 _allreduce_grads(params)
         optimizer.step()
+        halo_rows = plan.num_recv
     step_time = time.perf_counter() - start
     row = {"epoch": epoch}
     peak = peak_memory_bytes(device)
-    halo_rows = data.num_halo if plan is None else plan.num_recv
     sums = torch.tensor([loss.item(), stats.total_bytes_sent, stats.total_bytes_recv,
                          halo_rows, data.num_halo, peak, stats.counts["cache_hits"],
                          stats.counts["cache_lookups"], stats.counts["bytes_saved"]],
@@ -258,12 +260,13 @@ def _train_epoch(epoch: int, model, data, config: TrainConfig, plans: PlanPrefet
 
 
 def _train_batches(model, data, loader: CohesiveBatchLoader, optimizer, params,
-                   world: int) -> Tensor:
+                   world: int) -> Tuple[Tensor, int]:
     r"""One epoch of CM-GCN mini-batches: per batch, a forward and backward
     on its layer plans, a loss over its training nodes normalised by their
-    global count, and a synchronous SGD step (gradients all-reduced)."""
+    global count, and a synchronous SGD step (gradients all-reduced).
+    Returns the mean loss and the halo rows the first layers received."""
     ctx, stats = model.dist_context, model.comm_stats
-    total = torch.zeros((), device=data.x.device)
+    total, halo_rows = torch.zeros((), device=data.x.device), 0
     for batch in loader:
         optimizer.zero_grad(set_to_none=True)
         mask = batch.targets & data.train_mask
@@ -278,7 +281,8 @@ def _train_batches(model, data, loader: CohesiveBatchLoader, optimizer, params,
                 _allreduce_grads(params)
         optimizer.step()
         total += loss.detach() / len(loader)
-    return total
+        halo_rows += batch.plans[0].num_recv
+    return total, halo_rows
 
 
 def summarize(history: List[Dict[str, Any]], config: TrainConfig, world: int) -> Dict[str, Any]:
@@ -299,13 +303,17 @@ def summarize(history: List[Dict[str, Any]], config: TrainConfig, world: int) ->
         "time_sample": mean("time_sample"),
         "bytes_sent_per_epoch": mean("bytes_sent"),
         "bytes_saved_per_epoch": mean("bytes_saved"),
-        "cache_hit_rate": (None if last.get("cache_hit_rate") is None
-                           else mean("cache_hit_rate")),
+        "cache_hit_rate": _mean_of_known([r.get("cache_hit_rate") for r in timed]),
         "halo_rows_per_epoch": mean("halo_rows"),
         "halo_rows_total": last["halo_rows_total"],
         "peak_mem_bytes": max(r["peak_mem_bytes"] for r in history),
         "peak_mem_bytes_mean": max(r["peak_mem_bytes_mean"] for r in history),
     }
+
+
+def _mean_of_known(values: List[Optional[float]]) -> Optional[float]:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
 
 class MetricsWriter:

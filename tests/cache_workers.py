@@ -117,7 +117,7 @@ def historical_checks(root: str, bound: str, sampled: bool, iterations: int = 9)
     from torch_geometric.nn import GraphSAGE
     part = pyg_dist.DistData.load(root, dist.get_rank())
     torch.manual_seed(0)
-    cache = HistoricalCache(bound)
+    cache = HistoricalCache(bound, record=True)
     model = pyg_dist.nn.distribute(GraphSAGE(part.num_features, 16, 3, 4), part,
                                    cache=cache)
     ctx, stats = model.dist_context, model.comm_stats

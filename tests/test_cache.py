@@ -91,8 +91,9 @@ def test_historical_epoch_bounds(parts3, bound):
                 assert (received > 0) == resend, (t, key, received)
 
 
-def test_historical_adaptive_under_sampling_bounds_every_row(parts3):
-    results = pyg_dist.spawn(workers.historical_checks, 3, (parts3, "adaptive:2", True),
+@pytest.mark.parametrize("bound", ["adaptive:2", "fixed:2"])
+def test_historical_under_sampling_bounds_every_row(parts3, bound):
+    results = pyg_dist.spawn(workers.historical_checks, 3, (parts3, bound, True),
                              timeout=120)
     _agree(results)
     for r in results:

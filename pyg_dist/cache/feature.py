@@ -165,8 +165,15 @@ class FeatureCache:
         num_hits = int(hit.sum())
         stats.count("cache_hits", num_hits)
         stats.count("cache_lookups", recv.numel())
-        stats.count("bytes_saved", num_hits * x[0].numel() * x.element_size())
+        stats.count("bytes_saved", num_hits * self._row_bytes(x))
         return out
+
+    def _row_bytes(self, x: Tensor) -> int:
+        r"""The bytes one row of :obj:`x` takes on the wire."""
+        codec = self.ctx.codec
+        if codec is None:
+            return x[0].numel() * x.element_size()
+        return codec.encode(x[:1].flatten(1)).size(1)
 
     def __repr__(self) -> str:
         return f"FeatureCache(policy='{self.policy}', capacity='{self.capacity}')"

@@ -52,8 +52,9 @@ class HistoricalCache(HaloCache):
     staleness bound holds (skip-broadcast):
 
     * ``fixed:E`` (Def. 1): all ranks resend every layer every :math:`E + 1`
-      iterations, so a row in use is never more than :math:`E` old.
-      A shared schedule: no message says what comes.
+      iterations, so a row in use is never more than :math:`E` old
+      (under a sampler, a row the last resend did not carry also travels
+      when it would be older). A shared schedule: no message says what comes.
     * ``adaptive:A`` (Def. 2): a row is resent to a receiver when the
       receiver's copy would be more than :math:`A` iterations old; owner
       and receiver each keep the versions, so both know without a message.
@@ -70,13 +71,15 @@ class HistoricalCache(HaloCache):
 
     Counters: :attr:`max_age` (the oldest row served, in iterations) and
     :attr:`max_gap` (the largest relative variation an owner skipped) per
-    layer, and ``bytes_saved`` in the context's stats.
+    layer, and ``bytes_saved`` in the context's stats; with :obj:`record`,
+    every exchange's counts per layer (``history[key].log``).
     """
     stale = True
 
-    def __init__(self, bound: str = "adaptive:1") -> None:
+    def __init__(self, bound: str = "adaptive:1", record: bool = False) -> None:
         super().__init__()
         self.kind, self.bound = parse_bound(bound)
+        self.record = record  # keep a log of every exchange (tests)
         self.history: Dict[str, _History] = {}
         self.max_age: Dict[str, int] = {}
         self.max_gap: Dict[str, float] = {}
@@ -98,6 +101,9 @@ class HistoricalCache(HaloCache):
             if state.last_broadcast is None or t - state.last_broadcast > self.bound:
                 state.last_broadcast = t
                 recv_fetch[:], send_fetch[:] = True, True
+            # A sampled plan may need a row the last broadcast did not carry.
+            recv_fetch |= t - state.version[recv] > self.bound
+            send_fetch |= t - state.sent_version[send] > self.bound
         elif self.kind == "adaptive":
             recv_fetch |= t - state.version[recv] > self.bound
             send_fetch |= t - state.sent_version[send] > self.bound
@@ -151,7 +157,8 @@ class HistoricalCache(HaloCache):
         send_keep = torch.zeros(data.send_index.numel(), dtype=torch.bool, device=x.device)
         send_keep[send] = True
         sub = HaloPlan.sampled(data, send_keep, halo_keep)
-        state.log.append((t, sub.send_counts, sub.recv_counts))
+        if self.record:
+            state.log.append((t, sub.send_counts, sub.recv_counts))
         with ctx.stats.timer("comm"):
             rows, row_bytes = _exchange(x.index_select(0, sub.send_index), sub.send_counts,
                                         sub.recv_counts, ctx.group, ctx.codec)

@@ -11,6 +11,7 @@ from pyg_dist.comm import HaloPlan
 from pyg_dist.comm.exchange import Pending, start_exchange
 
 Rows = Union[Tensor, Pending]  # received rows, or rows still in flight
+InFlight = Tuple[Rows, HaloPlan]  # and the plan they were exchanged for
 
 
 class _Smoother:
@@ -39,8 +40,9 @@ class _Pipe:
     iterations (forward) and gradients in flight back to their owners."""
 
     def __init__(self) -> None:
-        self.rows: Deque[Rows] = deque()
-        self.grads: Deque[Tuple[Rows, HaloPlan]] = deque()
+        self.rows: Deque[InFlight] = deque()
+        self.grads: Deque[InFlight] = deque()
+        self.fetched_at = -1
         self.backward_started = False
         self.features: Optional[_Smoother] = None
         self.gradients: Optional[_Smoother] = None
@@ -115,19 +117,24 @@ class PipelineCache(HaloCache):
             pipe = self.pipes[key] = _Pipe()
             with ctx.stats.timer("comm"):
                 rows = self._start(key, x, plan).wait()
-            pipe.rows.extend(rows if p is plan else self._start(key, x, p) for p in ahead)
+            pipe.rows.extend((rows if p is plan else self._start(key, x, p), p) for p in ahead)
             if self.smooth_features is not None:
                 pipe.features = _Smoother(self.smooth_features, ctx.data.num_halo)
             if self.smooth_grads is not None:
                 pipe.gradients = _Smoother(self.smooth_grads, ctx.data.send_index.numel())
         else:
-            pipe.rows.append(self._start(key, x, ahead[tau - 1]))
-            rows = self._wait(pipe.rows.popleft())
-        if rows.size(0) != plan.num_recv:
-            raise RuntimeError(
-                f"Layer '{key}': the rows exchanged {tau} iteration(s) ago were for a "
-                f"plan with {rows.size(0)} halo rows, this iteration's plan has "
-                f"{plan.num_recv}: pass the plans of the coming iterations as `upcoming`")
+            if pipe.fetched_at == self.iteration:
+                raise RuntimeError(f"Layer '{key}' fetched its halo rows twice in one "
+                                   f"iteration: call cache.step() after each iteration")
+            pipe.rows.append((self._start(key, x, ahead[tau - 1]), ahead[tau - 1]))
+            rows, started_for = pipe.rows.popleft()
+            if started_for is not plan:  # the same on every rank: all raise together
+                raise RuntimeError(
+                    f"Layer '{key}': the rows exchanged {tau} iteration(s) ago were for "
+                    f"another plan than this iteration's: pass the plans of the coming "
+                    f"iterations as `upcoming` (ctx.use(plan, upcoming=...))")
+            rows = self._wait(rows)
+        pipe.fetched_at = self.iteration
         if pipe.features is not None:
             rows = pipe.features(rows, plan.recv_rows())
         return _StaleHalo.apply(inputs, rows, self, key, plan)
@@ -168,11 +175,19 @@ class PipelineCache(HaloCache):
         return grad.index_add_(0, plan.send_index, received)
 
     def finish(self) -> None:
-        for pipe in self.pipes.values():
-            for rows in list(pipe.rows) + [rows for rows, _ in pipe.grads]:
-                if isinstance(rows, Pending):
-                    rows.wait()
-        self.pipes.clear()
+        errors = []
+        try:
+            for pipe in self.pipes.values():
+                for rows, _ in list(pipe.rows) + list(pipe.grads):
+                    if isinstance(rows, Pending):
+                        try:
+                            rows.wait()
+                        except Exception as e:  # wait for the others all the same
+                            errors.append(e)
+        finally:
+            self.pipes.clear()
+        if errors:
+            raise errors[0]
 
     def extra_repr(self) -> str:
         return (f"staleness={self.staleness}, smooth_features={self.smooth_features}, "

@@ -76,7 +76,10 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
         cache: how fresh the halo rows are (a :class:`~pyg_dist.cache.HaloCache`;
             default exact). Under a stale cache the rows a layer exchanges
             are taken before the model's dropout, which is applied to the
-            received rows after the exchange.
+            received rows after the exchange; this covers
+            :class:`torch.nn.Dropout` modules whose output a layer receives
+            as is (PyG's BasicGNN models), not functional dropout or a
+            transform between the dropout and the exchange.
         feature_cache: a :class:`~pyg_dist.cache.FeatureCache` holding
             halo rows of the input features.
     """

@@ -31,9 +31,13 @@ class PlanPrefetcher:
         self.pending: Deque[Future] = deque()
         self.iteration = 0
         self.executor: Optional[ThreadPoolExecutor] = None
+        self.group = None
         if background:
+            if sampler.device.type != "cpu":
+                raise ValueError("background sampling runs its collectives on gloo: "
+                                 "CPU partitions only")
             if dist.is_initialized() and dist.get_world_size() > 1:
-                sampler.group = dist.new_group(backend="gloo")
+                self.group = sampler.group = dist.new_group(backend="gloo")
             sampler.stats = CommStats()
             self.executor = ThreadPoolExecutor(1, thread_name_prefix="pyg_dist-sampler")
 
@@ -66,9 +70,16 @@ class PlanPrefetcher:
         return plan, upcoming
 
     def close(self) -> None:
-        if self.executor is not None:
+        r"""Waits for the plans in flight (their collectives must complete on
+        every rank) and releases the thread and the sampler's group."""
+        try:
             for future in self.pending:
-                future.result()  # its collective must complete on every rank
-            self.executor.shutdown()
-            self.executor = None
-        self.pending.clear()
+                future.result()
+        finally:
+            self.pending.clear()
+            if self.executor is not None:
+                self.executor.shutdown()
+                self.executor = None
+            if self.group is not None:
+                dist.destroy_process_group(self.group)
+                self.group = None
