@@ -183,10 +183,10 @@ def cmd_partition(args: argparse.Namespace) -> None:
     print(book.summary())
     print(f"wrote {args.num_parts} partitions to {args.root}")
     if args.num_batches:
-        _write_batches(data, args)
+        _write_batches(data, args, book)
 
 
-def _write_batches(data, args: argparse.Namespace) -> None:
+def _write_batches(data, args: argparse.Namespace, book) -> None:
     r"""CM-GCN's cohesive mini-batches of the training nodes, saved next to
     the partitions for ``pyg-dist train --loader cohesive``."""
     import torch
@@ -203,10 +203,16 @@ def _write_batches(data, args: argparse.Namespace) -> None:
     batch_of[nodes] = assignment
     path = save_batches(args.root, batch_of)
     j = graph.partition_cost(assignment, nodes)
-    j_random = graph.partition_cost(random_batches(nodes.numel(), args.num_batches,
-                                                   args.seed), nodes)
+    rand = random_batches(nodes.numel(), args.num_batches, args.seed)
+    j_random = graph.partition_cost(rand, nodes)
     print(f"wrote {args.num_batches} cohesive batches to {path}: J(P) = {j:.4g}, "
           f"{100 * (1 - j / j_random):.1f}% below random batches")
+    from pyg_dist.loader.cost import imbalance, rank_costs
+    part_of = book.owner(book.inv_perm)  # original id -> part
+    worst = [max(imbalance(rank_costs(graph, nodes[a == b], part_of, args.num_parts))
+                 for b in range(args.num_batches)) for a in (assignment, rand)]
+    print(f"per-rank cost of a batch: at most {worst[0]:.2f}x the mean over ranks "
+          f"(random batches: {worst[1]:.2f}x)")
 
 
 def cmd_info(args: argparse.Namespace) -> None:

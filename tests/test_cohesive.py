@@ -126,3 +126,14 @@ def test_distributed_batches_equal_single_process_pyg(tmp_path):
             assert torch.equal(seen.nonzero().view(-1), batch)  # every batch node, once
         for r in results:  # a batch exchanges less than the whole graph
             assert max(r[name, b]["bytes"] for b in range(4)) < r[name, "full_bytes"]
+
+
+def test_rank_costs_split_the_batch_cost():
+    from pyg_dist.loader.cost import imbalance, rank_costs
+    data, nodes = _community_graph()
+    graph = HopGraph(data.edge_index, data.num_nodes, CostModel(dims=[12, 16, 16, 5]))
+    part_of = torch.arange(data.num_nodes) % 3
+    batch = nodes[:10]
+    costs = rank_costs(graph, batch, part_of, 3)
+    assert float(costs.sum()) == pytest.approx(graph.batch_cost(batch))
+    assert imbalance(costs) >= 1.0 and imbalance(torch.ones(3)) == 1.0

@@ -149,3 +149,19 @@ class HopGraph:
         ``assignment[i]`` of the nodes :obj:`nodes`."""
         return sum(self.batch_cost(nodes[assignment == b])
                    for b in range(int(assignment.max()) + 1))
+
+
+def rank_costs(graph: HopGraph, batch: Tensor, part_of: Tensor, num_parts: int) -> Tensor:
+    r"""The cost of :obj:`batch`'s computational graph per rank, each node
+    counted on the rank that owns it (:obj:`part_of`): the work each rank
+    does for the batch (§III-B)."""
+    K = graph.cost.num_layers
+    out = torch.zeros(num_parts, dtype=torch.double)
+    for h, mask in enumerate(graph.hops(batch)):
+        out.index_add_(0, part_of[mask], graph.layer_cost[K - h][mask])
+    return out
+
+
+def imbalance(costs: Tensor) -> float:
+    r"""``max / mean`` of per-rank costs (1: perfectly balanced)."""
+    return float(costs.max() / costs.mean().clamp(min=1e-30))
