@@ -190,21 +190,24 @@ def main() -> None:
                               f"acc {runs[-1]['test_acc']:.4f}", flush=True)
                     results.append({"parts": parts, "link": net.label, "method": method,
                                     "flags": METHODS[method], "runs": runs})
-                    save(args, results, started)  # a late failure loses nothing
+                    save(args, results, started, targets(results))  # a late failure loses nothing
             print("\n" + table(results, parts, net.label) + "\n", flush=True)
     print("\n".join(targets(results)))
-    save(args, results, started)
+    save(args, results, started, targets(results))
     print(f"wrote {args.out}")
 
 
-def save(args, results: List[Dict[str, Any]], started: float) -> None:
+def save(args, results: List[Dict[str, Any]], started: float,
+         target_lines: List[str]) -> None:
+    r"""Writes :obj:`results` to ``args.out`` with the date, the machine,
+    the arguments, the minutes since :obj:`started` and the target checks."""
     os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"date": datetime.datetime.now().isoformat(timespec="seconds"),
                    "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                "torch": torch.__version__},
                    "args": vars(args), "minutes": (time.time() - started) / 60,
-                   "targets": targets(results), "results": results}, f, indent=1)
+                   "targets": target_lines, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

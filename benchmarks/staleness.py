@@ -39,21 +39,16 @@ Usage::
         --methods exact pipegcn --out /tmp/staleness.json
 """
 import argparse
-import datetime
 import json
-import os
 import os.path as osp
-import platform
 import statistics
 import sys
 import time
-from typing import Any, Dict, List, Optional
-
-import torch
+from typing import Any, Dict, List
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 from netem import network_for, parse_link  # noqa: E402
-from sampling import partitions, run  # noqa: E402
+from sampling import partitions, run, save  # noqa: E402
 
 RESULTS = osp.join(osp.dirname(osp.abspath(__file__)), "results", "staleness.json")
 PIPE = ["--cache", "pipeline", "--staleness", "1"]
@@ -228,21 +223,11 @@ def main() -> None:
                 results.append({"link": net.label, "method": method,
                                 "flags": METHODS[method], "runs": runs})
                 add_targets(results, args.target)
-                save(args, results, started)  # a late failure loses nothing
+                save(args, results, started, targets(results))  # a late failure loses nothing
         print("\n" + table(results, net.label) + "\n", flush=True)
     print("\n".join(targets(results)))
-    save(args, results, started)
+    save(args, results, started, targets(results))
     print(f"wrote {args.out}")
-
-
-def save(args, results: List[Dict[str, Any]], started: float) -> None:
-    os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"date": datetime.datetime.now().isoformat(timespec="seconds"),
-                   "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                               "torch": torch.__version__},
-                   "args": vars(args), "minutes": (time.time() - started) / 60,
-                   "targets": targets(results), "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -144,7 +144,7 @@ def test_invalid_cache_parameters():
                              ("inclusion", "2.5")]:
         with pytest.raises(ValueError):
             FeatureCache.check(policy, capacity)
-    assert parse_capacity("8MB") == "8MB" and parse_capacity(100) == "100"
+    assert parse_capacity("8MB") == (8, "MB") and parse_capacity(100) == (100, "")
     assert HistoricalCache("gap:0.5").bound == 0.5 and PipelineCache(2).lookahead == 2
 
 

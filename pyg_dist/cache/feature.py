@@ -1,21 +1,22 @@
 """PSC-GCN's inclusion-aware cache of the input features of halo nodes."""
 import re
-from typing import NamedTuple, Optional, Sequence, Union
+from typing import NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from pyg_dist.comm import HaloPlan
 from pyg_dist.comm.bitmask import tell_owners
-from pyg_dist.comm.exchange import _exchange
+from pyg_dist.comm.exchange import exchange_rows
 
 POLICIES = ("inclusion", "degree", "random")
 _UNITS = {"KB": 2 ** 10, "MB": 2 ** 20, "GB": 2 ** 30}
 
 
-def parse_capacity(capacity: Union[int, str]) -> Union[int, float, str]:
+def parse_capacity(capacity: Union[int, str]) -> Tuple[float, str]:
     r"""``1000`` (rows), ``"25%"`` (of the halo rows) or ``"8MB"``
-    (``KB``/``MB``/``GB``) → a validated value."""
+    (``KB``/``MB``/``GB``) → a validated ``(number, unit)``, unit ``""``
+    for rows."""
     text = str(capacity).strip()
     match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(%|KB|MB|GB)?", text, re.IGNORECASE)
     if match is None:
@@ -26,7 +27,7 @@ def parse_capacity(capacity: Union[int, str]) -> Union[int, float, str]:
         raise ValueError(f"feature cache capacity {text} is more than 100%")
     if unit == "" and number != int(number):
         raise ValueError(f"feature cache capacity in rows must be an integer (got {text})")
-    return text
+    return number, unit
 
 
 class _Generation(NamedTuple):
@@ -62,7 +63,7 @@ class FeatureCache:
     def __init__(self, policy: str = "inclusion", capacity: Union[int, str] = "25%",
                  seed: int = 0) -> None:
         self.check(policy, capacity)
-        self.policy, self.capacity, self.seed = policy, parse_capacity(capacity), seed
+        self.policy, self.capacity, self.seed = policy, str(capacity).strip(), seed
         self.ctx = self.sampler = None
         self.generation: Optional[_Generation] = None
         self.version = None  # the sampler probabilities the choice was made from
@@ -81,8 +82,7 @@ class FeatureCache:
 
     def num_rows(self, x: Tensor) -> int:
         num_halo = self.ctx.data.num_halo
-        match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(%|KB|MB|GB)?", self.capacity, re.I)
-        number, unit = float(match.group(1)), (match.group(2) or "").upper()
+        number, unit = parse_capacity(self.capacity)
         if unit == "%":
             rows = number / 100 * num_halo
         elif unit:
@@ -123,11 +123,7 @@ class FeatureCache:
         if ctx.world_size == 1:
             return x.new_empty((0, ) + tuple(x.shape[1:]))
         sub = HaloPlan.sampled(ctx.data, send_keep, halo_keep)
-        with ctx.stats.timer("comm"):
-            rows, row_bytes = _exchange(x.index_select(0, sub.send_index), sub.send_counts,
-                                        sub.recv_counts, ctx.group, ctx.codec)
-        ctx.stats.add_bytes(key, sub.num_send * row_bytes, sub.num_recv * row_bytes)
-        return rows
+        return exchange_rows(x, sub, ctx.group, ctx.stats, key, ctx.codec)[0]
 
     def uncached(self, plan: HaloPlan):
         r"""The exchange of :obj:`plan` less the cached rows, and the choice

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from pyg_dist.cache.base import HaloCache
 from pyg_dist.comm import HaloPlan
-from pyg_dist.comm.exchange import _exchange, return_grads
+from pyg_dist.comm.exchange import exchange_rows, return_grads
 
 BOUNDS = ("fixed", "adaptive", "gap")
 
@@ -159,10 +159,7 @@ class HistoricalCache(HaloCache):
         sub = HaloPlan.sampled(data, send_keep, halo_keep)
         if self.record:
             state.log.append((t, sub.send_counts, sub.recv_counts))
-        with ctx.stats.timer("comm"):
-            rows, row_bytes = _exchange(x.index_select(0, sub.send_index), sub.send_counts,
-                                        sub.recv_counts, ctx.group, ctx.codec)
-        ctx.stats.add_bytes(key, sub.num_send * row_bytes, sub.num_recv * row_bytes)
+        rows, row_bytes = exchange_rows(x, sub, ctx.group, ctx.stats, key, ctx.codec)
         ctx.stats.count("bytes_saved", (plan.num_send - sub.num_send) * row_bytes)
         state.rows[recv] = rows
         state.version[recv] = t

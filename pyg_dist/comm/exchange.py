@@ -88,6 +88,20 @@ def _exchange(rows: Tensor, send_counts: List[int], recv_counts: List[int], grou
     return pending.wait(), pending.row_bytes
 
 
+def exchange_rows(x: Tensor, plan: HaloPlan, group, stats: Optional[CommStats],
+                  key: str, codec: Optional[RowCodec] = None):
+    r"""The rows of :obj:`x` (inner rows) that :obj:`plan` sends, exchanged
+    now, without autograd, timed and counted under :obj:`key`; returns the
+    received halo rows and the bytes one row took."""
+    send = x.index_select(0, plan.send_index)
+    if stats is None:
+        return _exchange(send, plan.send_counts, plan.recv_counts, group, codec)
+    with stats.timer("comm"):
+        rows, row_bytes = _exchange(send, plan.send_counts, plan.recv_counts, group, codec)
+    stats.add_bytes(key, plan.num_send * row_bytes, plan.num_recv * row_bytes)
+    return rows, row_bytes
+
+
 def return_grads(grad_halo: Tensor, plan: HaloPlan, num_inner: int, group,
                  stats: Optional[CommStats], key: str,
                  codec: Optional[RowCodec]) -> Tensor:
@@ -121,14 +135,7 @@ class HaloExchange(torch.autograd.Function):
                 key: str, codec: Optional[RowCodec] = None) -> Tensor:
         ctx.plan, ctx.group, ctx.stats, ctx.key, ctx.codec = plan, group, stats, key, codec
         ctx.num_inner = x.size(0)
-        send = x.index_select(0, plan.send_index)
-        if stats is None:
-            return _exchange(send, plan.send_counts, plan.recv_counts, group, codec)[0]
-        with stats.timer("comm"):
-            out, row_bytes = _exchange(send, plan.send_counts, plan.recv_counts, group,
-                                       codec)
-        stats.add_bytes(key, plan.num_send * row_bytes, plan.num_recv * row_bytes)
-        return out
+        return exchange_rows(x, plan, group, stats, key, codec)[0]
 
     @staticmethod
     def backward(ctx, grad_halo: Tensor):
