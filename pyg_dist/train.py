@@ -269,12 +269,12 @@ def _train_batches(model, data, loader: CohesiveBatchLoader, optimizer, params,
     total, halo_rows = torch.zeros((), device=data.x.device), 0
     for batch in loader:
         optimizer.zero_grad(set_to_none=True)
-        mask = batch.targets & data.train_mask
+        mask = batch.targets & batch.data.train_mask
         count = loader.count(batch.index, mask)
         model.train()
         with ctx.use(batch.plans):
-            out = model(data.x, data.adj_t)
-        loss = F.cross_entropy(out[mask], data.y[mask], reduction="sum") / count
+            out = model(batch.x, batch.data.adj_t)
+        loss = F.cross_entropy(out[mask], batch.data.y[mask], reduction="sum") / count
         loss.backward()
         if world > 1:
             with stats.timer("reduce"):

@@ -257,14 +257,15 @@ def cohesive_batch_checks(root: str, batch_of: torch.Tensor):
             model.zero_grad()
             stats.reset()
             with ctx.use(batch.plans):
-                y = model(part.x, part.adj_t)
-            n_id = part.n_id[:part.num_inner][batch.targets]
+                y = model(batch.x, batch.data.adj_t)
+            n_id = batch.data.n_id[:batch.data.num_inner][batch.targets]
             linear_loss(y[batch.targets], n_id).backward()
             grads = {k: p.grad.clone() for k, p in model.named_parameters()}
             for g in grads.values():
                 dist.all_reduce(g)
             out[name, batch.index] = {"n_id": n_id, "out": y[batch.targets].detach(),
-                                      "grads": grads, "bytes": stats.total_bytes_recv}
+                                      "grads": grads, "bytes": stats.total_bytes_recv,
+                                      "computed": batch.data.n_id[:batch.data.num_inner]}
         stats.reset()
         model(part.x, part.adj_t).sum().backward()
         out[name, "full_bytes"] = stats.total_bytes_recv

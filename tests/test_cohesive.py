@@ -124,6 +124,14 @@ def test_distributed_batches_equal_single_process_pyg(tmp_path):
                 for k, p in model.named_parameters():
                     assert torch.allclose(got["grads"][k], p.grad, atol=1e-5), (name, b, k)
             assert torch.equal(seen.nonzero().view(-1), batch)  # every batch node, once
+            # The ranks compute exactly the batch's K-hop in-neighbourhood, each
+            # node on its owner only.
+            hood = torch.zeros(data.num_nodes, dtype=torch.bool)
+            hood[batch] = True
+            for _ in range(len(model.convs)):
+                hood = graph.expand(hood)
+            computed = torch.cat([r[name, b]["computed"] for r in results])
+            assert torch.equal(computed.sort().values, hood.nonzero().view(-1))
         for r in results:  # a batch exchanges less than the whole graph
             assert max(r[name, b]["bytes"] for b in range(4)) < r[name, "full_bytes"]
 

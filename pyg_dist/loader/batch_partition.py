@@ -140,7 +140,7 @@ class CoverCounts:
         for h, ball in enumerate(self.balls[i]):
             cost = self.cost[h, ball]
             removed += float(cost[self.counts[home, h, ball] == 1].sum())
-            added += ((self.counts[targets][:, h, ball] == 0).double() * cost).sum(1)
+            added += ((self.counts[targets.unsqueeze(1), h, ball] == 0).double() * cost).sum(1)
         return removed, added
 
     def move(self, i: int, batch: int) -> None:

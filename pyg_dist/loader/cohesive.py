@@ -1,13 +1,13 @@
 r"""``CohesiveBatchLoader``: CM-GCN's mini-batches over a partition."""
 import os.path as osp
-from typing import Iterator, List, NamedTuple, Optional
+from typing import Dict, Iterator, List, NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
 from pyg_dist.comm import HaloPlan
 from pyg_dist.data import DistData
-from pyg_dist.loader.batch_plan import batch_plans
+from pyg_dist.loader.batch_plan import BatchGraph, batch_subgraph
 from pyg_dist.metrics import CommStats
 from pyg_dist.distributed import sum_over_ranks
 from pyg_dist.partition.book import safe_load
@@ -35,19 +35,26 @@ def load_batches(root: str) -> Tensor:
 
 
 class Batch(NamedTuple):
-    r"""One mini-batch on this rank: its id, the inner nodes it trains on
-    (``targets``) and one plan per layer (its computational graph)."""
+    r"""One mini-batch on this rank: its id, its computational graph as a
+    sub-partition (``data``, a :class:`~pyg_dist.DistData`) with its input
+    features ``x``, one plan per layer and the rows it trains on
+    (``targets``, a mask over ``data``'s inner rows). Run it as
+    ``with ctx.use(batch.plans): model(batch.x, batch.data.adj_t)``."""
     index: int
-    targets: Tensor
+    x: Tensor
+    data: DistData
     plans: List[HaloPlan]
+    targets: Tensor
 
 
 class CohesiveBatchLoader:
     r"""Iterates over the mini-batches of an epoch on every rank in step:
     every training node is in exactly one batch, the batch order is
     shuffled per epoch from :obj:`seed` (the same on all ranks), and each
-    batch comes with its layer-wise plans (:func:`batch_plans`), built once
-    and reused every epoch.
+    batch comes with its computational graph (:func:`batch_subgraph`: the
+    nodes it touches on this rank and its layer plans), built once and
+    reused every epoch, so a batch computes and exchanges only what it
+    needs.
 
     Args:
         data: this rank's partition.
@@ -70,7 +77,7 @@ class CohesiveBatchLoader:
         self.num_batches = int(batch_of.max()) + 1
         self.batch_of = batch_of.to(data.n_id.device)[data.n_id[:data.num_inner]]
         self.epoch = 0
-        self._plans: dict = {}
+        self._graphs: Dict[int, BatchGraph] = {}
         self._counts: dict = {}
 
     def __len__(self) -> int:
@@ -86,11 +93,12 @@ class CohesiveBatchLoader:
         return torch.randperm(self.num_batches, generator=g).tolist()
 
     def batch(self, index: int) -> Batch:
-        targets = self.batch_of == index
-        if index not in self._plans:
-            self._plans[index] = batch_plans(self.data, targets, self.num_layers,
-                                             self.group, self.stats)
-        return Batch(index, targets, self._plans[index])
+        if index not in self._graphs:  # a collective: all ranks build it in step
+            self._graphs[index] = batch_subgraph(self.data, self.batch_of == index,
+                                                 self.num_layers, self.group, self.stats)
+        graph = self._graphs[index]
+        return Batch(index, self.data.x[graph.data.inner_id], graph.data, graph.plans,
+                     graph.targets)
 
     def count(self, index: int, mask: Tensor) -> float:
         r"""The number of nodes of :obj:`mask` in batch :obj:`index` over all

@@ -30,6 +30,7 @@ class GCNNorm(NamedTuple):
     edge_id: Tensor
     adj_t: Optional[Tensor]
     position: Optional[Tensor]
+    deg: Tensor  # of the partition's inner and halo nodes
 
 
 class DistContext:
@@ -66,7 +67,6 @@ class DistContext:
         self.layer_index: Dict[str, int] = {}  # layer key -> position in the model
         self._layer = 0
         self.stats = stats if stats is not None else CommStats()
-        self.num_inner = data.num_inner
         self.observers: List[Observer] = []
         self._gcn_cache: Dict[tuple, GCNNorm] = {}
         self._precomputed: Dict[str, Tuple[Tensor, int, Tensor]] = {}
@@ -81,6 +81,11 @@ class DistContext:
     @property
     def num_src(self) -> int:
         return self.plan.num_src
+
+    @property
+    def num_inner(self) -> int:
+        # The plan's partition: the rank's, or a mini-batch's sub-partition.
+        return self.plan.num_inner
 
     @contextmanager
     def use(self, plan: Plans, upcoming: Sequence[Plans] = ()) -> Iterator[Plans]:
@@ -155,9 +160,9 @@ class DistContext:
         r"""``[x | received halo rows of x]``: the source rows of the plan's graph."""
         if x.size(0) != self.num_inner:
             raise ValueError(
-                f"Layer '{key}' received {x.size(0)} node rows, but this rank "
-                f"owns {self.num_inner} inner nodes: pass the rank's inner "
-                f"rows (e.g. DistData.x), not the whole graph")
+                f"Layer '{key}' received {x.size(0)} node rows, but the plan's "
+                f"partition has {self.num_inner} inner nodes: pass the rank's "
+                f"inner rows (e.g. DistData.x, or a batch's x), not the whole graph")
         if self.plan.num_recv == 0 and (self.plan.skip_exchange or self.world_size == 1):
             x_src = x  # nothing travels: skip a full copy of x
         else:  # a rank receiving nothing may still send (and get gradients back)
@@ -180,7 +185,9 @@ class DistContext:
         return hit[2]
 
     def is_local_graph(self, edge_index) -> bool:
-        return edge_index is self.data.edge_index or edge_index is self.data.adj_t
+        # The rank's partition, or the sub-partition the plan is on (a batch's).
+        return any(edge_index is data.edge_index or edge_index is data.adj_t
+                   for data in (self.data, self.plan.data))
 
     def adjacency(self, edge_index, fused: bool, aggr: Optional[str] = None):
         r"""The plan's graph as CSR ``adj_t`` (fused sparse aggregation,
@@ -229,62 +236,90 @@ class DistContext:
             if not isinstance(edge_index, Tensor) or edge_index.layout != torch.strided:
                 raise NotImplementedError("Distributed GCNConv takes the partition's "
                                           "adjacency or a local bipartite edge_index")
-            norm = self._normalise(edge_index, edge_weight, improved, add_self_loops,
-                                   dtype, sort=False)
+            norm = self._normalise(self.data, edge_index, edge_weight, improved,
+                                   add_self_loops, dtype, sort=False)
             return torch.stack([norm.src, norm.dst]), norm.weight
         key = (improved, add_self_loops, dtype)
+        plan = self.plan
+        if plan.data is not self.data:  # a sub-partition: normalised once per plan
+            if edge_weight is not None:
+                raise NotImplementedError("GCNConv with edge weights on a mini-batch's "
+                                          "sub-partition")
+            if ("gcn_norm", key) not in plan.cache:
+                norm = self._normalise(plan.data, plan.data.edge_index, None, improved,
+                                       add_self_loops, dtype, sort=True)
+                plan.cache[("gcn_norm", key)] = _scaled_norm(norm, plan, dtype)
+            return plan.cache[("gcn_norm", key)], None
         norm = self._gcn_cache.get(key) if edge_weight is None else None
         if norm is None:
-            norm = self._normalise(self.data.edge_index, edge_weight, improved,
+            norm = self._normalise(self.data, self.data.edge_index, edge_weight, improved,
                                    add_self_loops, dtype, sort=True)
             if edge_weight is None:
                 self._gcn_cache[key] = norm
-        plan = self.plan
         if plan.is_exact:
             return norm.adj_t, None
         if edge_weight is None and ("gcn_norm", key) in plan.cache:
             return plan.cache[("gcn_norm", key)], None
-        if plan.patch is not None:  # few edges change: patch the cached CSR
-            adj_t = plan.patch.apply(norm.adj_t, plan.num_src, norm.position)
-        else:  # factor 1/p or 0 per partition edge; self-loops always stay
-            factor = torch.cat([plan.edge_factor().to(dtype), norm.weight.new_ones(1)])
-            num_edges = factor.numel() - 1
-            factor = factor[torch.where(norm.edge_id < 0, num_edges, norm.edge_id)]
-            keep = factor.nonzero().view(-1)
-            src = plan.source_map()[norm.src[keep]]
-            adj_t = csr(torch.stack([src, norm.dst[keep]]), norm.weight[keep] * factor[keep],
-                        self.num_inner, plan.num_src)
+        adj_t = _scaled_norm(norm, plan, dtype)
         if edge_weight is None:
             plan.cache[("gcn_norm", key)] = adj_t
         return adj_t, None
 
-    def _normalise(self, edge_index: Tensor, edge_weight: Optional[Tensor],
+    def _normalise(self, data: DistData, edge_index: Tensor, edge_weight: Optional[Tensor],
                    improved: bool, add_self_loops: bool, dtype: torch.dtype,
                    sort: bool) -> GCNNorm:
+        r"""GCN weights of :obj:`edge_index` on :obj:`data`: the rank's
+        partition, or a sub-partition of it (``inner_id`` / ``halo_id``
+        locate its rows), which takes the partition's degrees since its
+        edges are a subset."""
         src, dst = edge_index
+        num_inner = data.num_inner
         edge_id = torch.arange(src.numel(), device=src.device)
         weight = (torch.ones(src.numel(), dtype=dtype, device=src.device)
                   if edge_weight is None else edge_weight.to(dtype))
         if add_self_loops:  # as PyG's add_remaining_self_loops
-            has_loop = torch.zeros(self.num_inner, dtype=torch.bool, device=src.device)
+            has_loop = torch.zeros(num_inner, dtype=torch.bool, device=src.device)
             has_loop[dst[src == dst]] = True
-            loop = torch.arange(self.num_inner, device=src.device)[~has_loop]
+            loop = torch.arange(num_inner, device=src.device)[~has_loop]
             src, dst = torch.cat([src, loop]), torch.cat([dst, loop])
             edge_id = torch.cat([edge_id, torch.full_like(loop, -1)])
             weight = torch.cat([weight, weight.new_full((loop.numel(), ),
                                                         2.0 if improved else 1.0)])
-        deg = weight.new_zeros(self.num_inner).scatter_add_(0, dst, weight)
-        with self.use(self.full_plan):
-            deg = torch.cat([deg, self.fetch("gcn_norm", deg.unsqueeze(-1), exact=True
-                                             ).view(-1)])
+        if data is not self.data:
+            key = (improved, add_self_loops, dtype)
+            if key not in self._gcn_cache:
+                self._gcn_cache[key] = self._normalise(
+                    self.data, self.data.edge_index, None, improved, add_self_loops, dtype,
+                    sort=True)
+            deg = self._gcn_cache[key].deg[
+                torch.cat([data.inner_id, self.data.num_inner + data.halo_id])]
+        else:
+            deg = weight.new_zeros(num_inner).scatter_add_(0, dst, weight)
+            with self.use(self.full_plan):
+                deg = torch.cat([deg, self.fetch("gcn_norm", deg.unsqueeze(-1), exact=True
+                                                 ).view(-1)])
         deg_inv_sqrt = deg.pow(-0.5).masked_fill_(deg == 0, 0.0)
         weight = deg_inv_sqrt[src] * weight * deg_inv_sqrt[dst]
         if not sort:
-            return GCNNorm(src, dst, weight, edge_id, None, None)
-        order = torch.argsort(dst * (self.num_inner + self.data.num_halo) + src)
+            return GCNNorm(src, dst, weight, edge_id, None, None, deg)
+        order = torch.argsort(dst * (num_inner + data.num_halo) + src)
         src, dst, weight, edge_id = src[order], dst[order], weight[order], edge_id[order]
-        adj_t = self.data.csr_adj_t(torch.stack([src, dst]), weight)
+        adj_t = data.csr_adj_t(torch.stack([src, dst]), weight)
         is_edge = (edge_id >= 0).nonzero().view(-1)
         position = torch.empty_like(is_edge)
         position[edge_id[is_edge]] = is_edge
-        return GCNNorm(src, dst, weight, edge_id, adj_t, position)
+        return GCNNorm(src, dst, weight, edge_id, adj_t, position, deg)
+
+
+def _scaled_norm(norm: GCNNorm, plan: HaloPlan, dtype: torch.dtype) -> Tensor:
+    r"""The normalised CSR restricted to :obj:`plan`'s edges, each scaled by
+    its factor (self-loops always stay)."""
+    if plan.patch is not None:  # few edges change: patch the cached CSR
+        return plan.patch.apply(norm.adj_t, plan.num_src, norm.position)
+    factor = torch.cat([plan.edge_factor().to(dtype), norm.weight.new_ones(1)])
+    num_edges = factor.numel() - 1
+    factor = factor[torch.where(norm.edge_id < 0, num_edges, norm.edge_id)]
+    keep = factor.nonzero().view(-1)
+    src = plan.source_map()[norm.src[keep]]
+    return csr(torch.stack([src, norm.dst[keep]]), norm.weight[keep] * factor[keep],
+               plan.num_inner, plan.num_src)

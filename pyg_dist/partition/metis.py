@@ -109,10 +109,10 @@ def rebalance(assignment: Tensor, rowptr: Tensor, col: Tensor, masks: Tensor,
 def _gather_neighbours(rowptr: Tensor, col: Tensor, nodes: Tensor) -> Tensor:
     r"""``col`` entries of the CSR rows :obj:`nodes`, concatenated."""
     deg = rowptr[nodes + 1] - rowptr[nodes]
-    starts = torch.repeat_interleave(rowptr[nodes], deg)
-    offsets = torch.arange(int(deg.sum())) - torch.repeat_interleave(
-        torch.cumsum(deg, 0) - deg, deg)
-    return col[starts + offsets]
+    total = int(deg.sum())  # output_size: repeat_interleave need not sync/size again
+    starts = torch.repeat_interleave(rowptr[nodes] - (torch.cumsum(deg, 0) - deg), deg,
+                                     output_size=total)
+    return col[starts + torch.arange(total)]
 
 
 def random_assignment(num_nodes: int, num_parts: int, seed: int = 0) -> Tensor:
