@@ -96,6 +96,9 @@ def _add_sampler_args(p: argparse.ArgumentParser) -> None:
                        help=f"{'/'.join(users)} (default {default})")
     g.add_argument("--precompute-layer0", action="store_true",
                    help="aggregate the raw features of layer 0 once (no layer-0 exchange)")
+    g.add_argument("--overlap", action="store_true",
+                   help="aggregate interior nodes while the halo rows travel (CM-GCN "
+                        "asynchronous computation; exact)")
 
 
 def _sampler_args(args: argparse.Namespace) -> dict:
@@ -124,7 +127,7 @@ def _config(args: argparse.Namespace):
                        cache_args=cache_args, feature_cache=args.feature_cache,
                        feature_cache_capacity=args.feature_cache_capacity,
                        background_sampling=not args.no_background_sampling,
-                       loader=args.loader)
+                       loader=args.loader, overlap=args.overlap)
 
 
 def run_training(root: str, config, out: Optional[str], nproc: Optional[int] = None,

@@ -54,6 +54,7 @@ class TrainConfig:
     # Draw plans in a background thread when the cache exchanges ahead (CPU).
     background_sampling: bool = True
     loader: str = "full"  # full-graph epochs, or "cohesive" (CM-GCN mini-batches)
+    overlap: bool = False  # interior targets aggregate while the halo rows travel
 
     def validate(self) -> None:
         if self.model not in MODELS:
@@ -155,7 +156,7 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
                                   config.seed) if config.feature_cache else None)
     pyg_dist.nn.distribute(model, data, precompute_layer0=config.precompute_layer0,
                            exchange_dtype=config.exchange_dtype, cache=cache,
-                           feature_cache=feature_cache)
+                           feature_cache=feature_cache, overlap=config.overlap)
     ctx, stats = model.dist_context, model.comm_stats
     sampler_args = dict(config.sampler_args)
     if config.sampler == "vr":  # PSC's coefficient c_ij is GCN's; others aggregate plainly

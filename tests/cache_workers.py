@@ -271,3 +271,47 @@ def cohesive_batch_checks(root: str, batch_of: torch.Tensor):
         out[name, "full_bytes"] = stats.total_bytes_recv
         out[name, "order"] = [loader.order() for _ in range(1)]
     return out
+
+
+def overlap_checks(root: str):
+    r"""Every model with and without interior/border overlap, on the exact
+    plan, a BNS plan and a cohesive batch: outputs, weight gradients and
+    bytes; and how the rows split."""
+    from tests.models import build_model
+    from pyg_dist.loader import batch_subgraph
+    part = pyg_dist.DistData.load(root, dist.get_rank())
+    bns = build_sampler("bns", part, seed=1, p=0.5)
+    targets = torch.zeros(part.num_inner, dtype=torch.bool)
+    targets[::5] = True
+    results = {}
+    for name in ("GraphSAGE", "GCN", "GIN", "GraphConv", "GAT"):
+        runs = []
+        for overlap in (False, True):
+            torch.manual_seed(0)
+            model = pyg_dist.nn.distribute(build_model(name, part.num_features), part,
+                                           overlap=overlap)
+            ctx, stats = model.dist_context, model.comm_stats
+            batch = batch_subgraph(part, targets, len(ctx.layer_index))
+            cases = {"exact": (ctx.full_plan, part.x, part.adj_t),
+                     "bns": (bns.plan(0), part.x, part.adj_t),
+                     "batch": (batch.plans, part.x[batch.data.inner_id], batch.data.adj_t)}
+            run = {}
+            for case, (plans, x, adj) in cases.items():
+                model.zero_grad()
+                stats.reset()
+                with ctx.use(plans):
+                    out = model(x, adj)
+                out.pow(2).sum().backward()
+                run[case] = (out.detach(), [p.grad.clone() for p in model.parameters()],
+                             stats.total_bytes_recv, stats.counts["overlapped_layers"])
+            runs.append(run)
+        results[name] = {case: (_max_diff(runs[0][case][0], runs[1][case][0]),
+                                max(_max_diff(a, b) / float(a.abs().max().clamp(min=1))
+                                    for a, b in zip(runs[0][case][1], runs[1][case][1])),
+                                runs[0][case][2], runs[1][case][2],
+                                runs[0][case][3], runs[1][case][3])
+                         for case in runs[0]}
+    # rows of the exact plan's interior and border parts
+    parts = pyg_dist.comm.HaloPlan.full(part).split_rows(part.adj_t)
+    results["split"] = [int((adj.crow_indices().diff() > 0).sum()) for adj in parts]
+    return results

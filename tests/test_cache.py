@@ -152,3 +152,21 @@ def test_background_sampling_draws_the_same_plans(parts3):
     for r in pyg_dist.spawn(workers.prefetch_checks, 3, (parts3, ), timeout=120):
         assert r["bns"] == (True, 0)  # BNS needs no message
         assert r["vr"][0] and r["vr"][1] > 0  # VR's bitmasks are counted
+
+
+def test_overlap_equals_the_exchange_first_result(parts3):
+    r"""CM-GCN's asynchronous computation: interior targets aggregate while
+    the halo rows travel, border targets after; same outputs, gradients and
+    bytes as exchanging first, on the exact plan, a BNS plan and a batch
+    (weight gradients relative to their largest entry)."""
+    for r in pyg_dist.spawn(workers.overlap_checks, 3, (parts3, ), timeout=180):
+        interior, border = r.pop("split")
+        assert interior > 0 and border > 0  # both parts do work
+        for name, cases in r.items():
+            for case, (out, grad, bytes_plain, bytes_overlap, plain, overlapped) \
+                    in cases.items():
+                assert out <= TOL and grad <= TOL, (name, case, out, grad)
+                assert bytes_plain == bytes_overlap > 0, (name, case)
+                # every layer overlapped, except GAT's (per-edge path: exchange first)
+                layers = {"GraphSAGE": 3, "GCN": 3, "GIN": 2, "GraphConv": 1, "GAT": 0}
+                assert plain == 0 and overlapped == layers[name], (name, case, overlapped)

@@ -154,3 +154,42 @@ def halo_exchange(x: Tensor, plan: HaloPlan, group=None,
             or dist.get_world_size(group) == 1):
         return x.new_empty((0, ) + tuple(x.shape[1:]))
     return HaloExchange.apply(x, plan, group, stats, key, codec)
+
+
+class _AwaitedExchange(torch.autograd.Function):
+    r"""The end of a halo exchange started earlier (:func:`start_halo_exchange`):
+    forward waits for the rows, backward is :class:`HaloExchange`'s."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, pending: Pending, plan: HaloPlan, group,
+                stats: Optional[CommStats], key: str, codec: Optional[RowCodec]) -> Tensor:
+        ctx.plan, ctx.group, ctx.stats, ctx.key, ctx.codec = plan, group, stats, key, codec
+        ctx.num_inner = x.size(0)
+        if stats is None:
+            return pending.wait()
+        with stats.timer("comm"):  # only the time the caller actually waits
+            return pending.wait()
+
+    @staticmethod
+    def backward(ctx, grad_halo: Tensor):
+        grad = return_grads(grad_halo, ctx.plan, ctx.num_inner, ctx.group, ctx.stats,
+                            ctx.key, ctx.codec)
+        return grad, None, None, None, None, None, None
+
+
+def start_halo_exchange(x: Tensor, plan: HaloPlan, group=None,
+                        stats: Optional[CommStats] = None, key: str = "",
+                        codec: Optional[RowCodec] = None) -> Callable[[], Tensor]:
+    r""":func:`halo_exchange` split in two: the rows leave now, and the
+    returned function waits for this rank's halo rows (differentiably, as
+    :func:`halo_exchange`), so the caller can compute in between."""
+    if stats is None:
+        pending = start_exchange(x.detach().index_select(0, plan.send_index),
+                                 plan.send_counts, plan.recv_counts, group, codec)
+    else:
+        with stats.timer("comm"):
+            pending = start_exchange(x.detach().index_select(0, plan.send_index),
+                                     plan.send_counts, plan.recv_counts, group, codec)
+        stats.add_bytes(key, plan.num_send * pending.row_bytes,
+                        plan.num_recv * pending.row_bytes)
+    return lambda: _AwaitedExchange.apply(x, pending, plan, group, stats, key, codec)

@@ -1,7 +1,7 @@
 """``HaloPlan``: which rows travel in one iteration's halo exchanges, and the
 local graph the layers aggregate over with them."""
 import warnings
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -249,6 +249,32 @@ class HaloPlan:
                           self.num_src, self.data.adj_t.dtype)
             self.cache[key] = adj
         return self.cache[key]
+
+
+    def split_rows(self, adj_t: Tensor) -> Tuple[Tensor, Tensor]:
+        r"""A CSR ``adj_t`` of this plan's graph split by target rows into
+        (*interior*: the rows reading no halo column, as a
+        ``num_inner x num_inner`` matrix; *border*: the other rows, all
+        columns). Each row lives whole in one part and the other part has
+        it empty, so any aggregation of the two adds up to that of
+        :obj:`adj_t`. Cached per matrix."""
+        hit = self.cache.get(("split_rows", id(adj_t)))
+        if hit is not None and hit[0] is adj_t:
+            return hit[1], hit[2]
+        crow, col, value = adj_t.crow_indices(), adj_t.col_indices(), adj_t.values()
+        num_rows = crow.numel() - 1
+        row = torch.repeat_interleave(torch.arange(num_rows, device=col.device),
+                                      crow.diff(), output_size=col.numel())
+        border = torch.zeros(num_rows, dtype=torch.bool, device=col.device)
+        border[row[col >= self.num_inner]] = True
+        parts = []
+        for rows, num_cols in ((~border, self.num_inner), (border, adj_t.size(1))):
+            keep = rows[row]
+            part_crow = torch.zeros_like(crow)
+            part_crow[1:] = torch.cumsum(crow.diff() * rows, 0)
+            parts.append(_csr_tensor(part_crow, col[keep], value[keep], (num_rows, num_cols)))
+        self.cache[("split_rows", id(adj_t))] = (adj_t, *parts)
+        return parts[0], parts[1]
 
 
 def _counts(owner: Tensor, num_parts: int) -> List[int]:

@@ -1,7 +1,7 @@
 """``DistContext``: what every distributed layer of a model shares — the
 partition, the current halo plan, the process group and the counters."""
 from contextlib import contextmanager
-from typing import (Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple,
+from typing import (Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple,
                     Union)
 
 import torch
@@ -12,6 +12,7 @@ from torch import Tensor
 from pyg_dist.cache import ExactCache, FeatureCache, HaloCache
 from pyg_dist.comm import HaloPlan, halo_exchange
 from pyg_dist.comm.compress import get_codec
+from pyg_dist.comm.exchange import start_halo_exchange
 from pyg_dist.comm.plan import csr
 from pyg_dist.data import DistData
 from pyg_dist.metrics import CommStats
@@ -49,7 +50,7 @@ class DistContext:
 
     def __init__(self, data: DistData, group=None, stats: Optional[CommStats] = None,
                  exchange_dtype: str = "fp32", cache: Optional[HaloCache] = None,
-                 feature_cache: Optional[FeatureCache] = None) -> None:
+                 feature_cache: Optional[FeatureCache] = None, overlap: bool = False) -> None:
         world = dist.get_world_size(group) if dist.is_initialized() else 1
         if world != data.num_parts:
             raise RuntimeError(
@@ -73,6 +74,7 @@ class DistContext:
         self.exact_cache = ExactCache()
         self.cache = cache if cache is not None else self.exact_cache
         self.feature_cache = feature_cache
+        self.overlap = overlap
         for c in (self.exact_cache, self.cache):
             c.attach(self)
         if feature_cache is not None and feature_cache.ctx is None:
@@ -158,20 +160,54 @@ class DistContext:
 
     def extend(self, key: str, x: Tensor) -> Tensor:
         r"""``[x | received halo rows of x]``: the source rows of the plan's graph."""
+        self._check_rows(key, x)
+        if self.plan.num_recv == 0 and (self.plan.skip_exchange or self.world_size == 1):
+            x_src = x  # nothing travels: skip a full copy of x
+        else:  # a rank receiving nothing may still send (and get gradients back)
+            x_src = torch.cat([x, self.fetch(key, x)], dim=0)
+        self._observe(key, x_src)
+        return x_src
+
+    def aggregate(self, key: str, x: Tensor, adj,
+                  run: Callable[[Any, Tensor, Tuple[int, int]], Tensor]) -> Tensor:
+        r"""``run(adj, x_src, size)``: a layer's aggregation of :obj:`x`'s
+        plan sources over :obj:`adj` (the plan's graph).
+
+        With :attr:`overlap` (CM-GCN's asynchronous computation between
+        layers, §III-C), an exact exchange and a CSR :obj:`adj`, the halo
+        rows leave first, the *interior* targets (no halo in-edge) aggregate
+        while they travel, and the *border* targets after they arrive
+        (:meth:`~pyg_dist.comm.HaloPlan.split_rows`): the same result,
+        with the exchange hidden behind the interior work."""
+        if not self._overlaps(x, adj):
+            return run(adj, self.extend(key, x), (self.num_src, self.num_inner))
+        self._check_rows(key, x)
+        self.stats.count("overlapped_layers", 1)
+        wait = start_halo_exchange(x, self.plan, self.group, self.stats, key, self.codec)
+        interior, border = self.plan.split_rows(adj)
+        out = run(interior, x, (self.num_inner, self.num_inner))
+        x_src = torch.cat([x, wait()], dim=0)
+        self._observe(key, x_src)
+        return out + run(border, x_src, (self.num_src, self.num_inner))
+
+    def _overlaps(self, x: Tensor, adj) -> bool:
+        return (self.overlap and isinstance(adj, Tensor) and adj.layout == torch.sparse_csr
+                and not self.plan.skip_exchange and self.world_size > 1
+                and not self.active_cache.stale
+                and not (self.feature_cache is not None and x is self.data.x))
+
+    def _check_rows(self, key: str, x: Tensor) -> None:
         if x.size(0) != self.num_inner:
             raise ValueError(
                 f"Layer '{key}' received {x.size(0)} node rows, but the plan's "
                 f"partition has {self.num_inner} inner nodes: pass the rank's "
                 f"inner rows (e.g. DistData.x, or a batch's x), not the whole graph")
-        if self.plan.num_recv == 0 and (self.plan.skip_exchange or self.world_size == 1):
-            x_src = x  # nothing travels: skip a full copy of x
-        else:  # a rank receiving nothing may still send (and get gradients back)
-            x_src = torch.cat([x, self.fetch(key, x)], dim=0)
+
+    def _observe(self, key: str, x_src: Tensor) -> None:
         if self.observers:
             with self.stats.timer("sample"):
                 for observe in self.observers:
                     observe(key, x_src, self.plan)
-        return x_src
 
     def precompute(self, key: str, x: Tensor, compute: Callable[[], Tensor]) -> Tensor:
         r"""``compute()`` on the exact plan without autograd, cached while

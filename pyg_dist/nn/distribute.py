@@ -33,7 +33,8 @@ PRECOMPUTABLE = (GCNConv, SAGEConv, GINConv, GraphConv)
 def distribute(model: torch.nn.Module, data: DistData, group=None,
                stats: Optional[CommStats] = None, precompute_layer0: bool = False,
                exchange_dtype: str = "fp32", cache: Optional[HaloCache] = None,
-               feature_cache: Optional[FeatureCache] = None) -> torch.nn.Module:
+               feature_cache: Optional[FeatureCache] = None,
+               overlap: bool = False) -> torch.nn.Module:
     r"""Converts every :class:`~torch_geometric.nn.conv.MessagePassing`
     layer of :obj:`model` in place into its partition-parallel version, like
     :meth:`torch.nn.SyncBatchNorm.convert_sync_batchnorm` (parameters,
@@ -82,8 +83,14 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
             transform between the dropout and the exchange.
         feature_cache: a :class:`~pyg_dist.cache.FeatureCache` holding
             halo rows of the input features.
+        overlap: each layer aggregates its interior targets (no halo
+            in-edge) while its halo rows travel and its border targets once
+            they arrive (CM-GCN §III-C; exact, see
+            :meth:`~pyg_dist.nn.DistContext.aggregate`). Applies to layers
+            on the fused sparse path (e.g. SAGE, GCN, GIN, GraphConv) under
+            the exact cache; others exchange first as usual.
     """
-    ctx = DistContext(data, group, stats, exchange_dtype, cache, feature_cache)
+    ctx = DistContext(data, group, stats, exchange_dtype, cache, feature_cache, overlap)
     layers = [(name, m) for name, m in model.named_modules()
               if isinstance(m, MessagePassing)]
     if not layers:
@@ -149,6 +156,8 @@ def _convert(module: MessagePassing, name: str, ctx: DistContext) -> None:
         elif not isinstance(module, (DistGCNConv, DistGATConv)):
             module.register_propagate_forward_pre_hook(_propagate_pre_hook)
             module.register_message_forward_hook(_message_weight_hook)
+            if ctx.overlap:
+                module.propagate = _overlapped_propagate.__get__(module)
     module._dist_ctx = ctx
     module._dist_key = name
 
@@ -162,6 +171,8 @@ def _propagate_pre_hook(module: MessagePassing, inputs):
     r"""Extends every source-side node tensor with the plan's halo rows,
     restricts per-edge arguments (``edge_*``) to the plan's edges and swaps
     the partition's adjacency for the form this layer aggregates fastest."""
+    if getattr(module, "_dist_prepared", False):  # _overlapped_propagate did it
+        return None
     edge_index, size, kwargs = inputs
     ctx: DistContext = module._dist_ctx
     ctx.enter(module._dist_key)
@@ -185,6 +196,34 @@ def _propagate_pre_hook(module: MessagePassing, inputs):
                                    else None)
     edge_index = ctx.adjacency(edge_index, fused, aggr)
     return edge_index, (ctx.num_src, ctx.num_inner), kwargs
+
+
+def _overlapped_propagate(module: MessagePassing, edge_index, size=None, **kwargs):
+    r"""``propagate`` through :meth:`DistContext.aggregate` (interior
+    targets while the halo rows travel) for a layer that aggregates one
+    source tensor on the fused path; any other call goes the usual way."""
+    ctx: DistContext = module._dist_ctx
+    propagate = type(module).propagate
+    sources = _source_args(module)
+    if not (module.fuse and len(sources) == 1 and ctx.is_local_graph(edge_index)
+            and all(v is None for k, v in kwargs.items() if k not in sources)):
+        return propagate(module, edge_index, size=size, **kwargs)
+    ctx.enter(module._dist_key)
+    (arg, ) = sources
+    value = kwargs[arg]
+    pair = isinstance(value, (tuple, list))
+    aggr = module.aggr if isinstance(module.aggr, str) else None
+
+    def run(adj, x_src: Tensor, size):
+        module._dist_prepared, module._dist_message_weight = True, None
+        try:
+            return propagate(module, adj, size=size,
+                             **{**kwargs, arg: (x_src, value[1]) if pair else x_src})
+        finally:
+            module._dist_prepared = False
+
+    return ctx.aggregate(f"{module._dist_key}.{arg}", value[0] if pair else value,
+                         ctx.adjacency(edge_index, True, aggr), run)
 
 
 def _message_weight_hook(module: MessagePassing, inputs, messages: Tensor):

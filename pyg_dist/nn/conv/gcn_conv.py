@@ -55,6 +55,6 @@ class DistGCNConv(GCNConv):
         else:
             edge_index, edge_weight = ctx.weighted_adjacency(edge_index, edge_weight,
                                                              self.aggr)
-        x = ctx.extend(self._dist_key, x)
-        return self.propagate(edge_index, x=x, edge_weight=edge_weight,
-                              size=(ctx.num_src, ctx.num_inner))
+        return ctx.aggregate(self._dist_key, x, edge_index, lambda adj, x_src, size:
+                             self.propagate(adj, x=x_src, edge_weight=edge_weight,
+                                            size=size))
