@@ -216,6 +216,12 @@ def _write_batches(data, args: argparse.Namespace, book) -> None:
                  for b in range(args.num_batches)) for a in (assignment, rand)]
     print(f"per-rank cost of a batch: at most {worst[0]:.2f}x the mean over ranks "
           f"(random batches: {worst[1]:.2f}x)")
+    if args.balance_batches:
+        from pyg_dist.loader.balance import save_batch_parts
+        loads = save_batch_parts(args.root, data, graph, batch_of, part_of, args.num_parts,
+                                 book.meta["graph_hash"])
+        print(f"balanced batch parts: per-rank cost of a batch at most "
+              f"{max(imbalance(load) for load in loads):.2f}x the mean over ranks")
 
 
 def cmd_info(args: argparse.Namespace) -> None:
@@ -253,6 +259,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--num-batches", type=int, default=0,
                    help="also split the training nodes into this many CM-GCN cohesive "
                         "mini-batches (for train --loader cohesive)")
+    p.add_argument("--balance-batches", action="store_true",
+                   help="also split each batch's computational graph over the ranks by "
+                        "cost (CM-GCN balanced workloads; copies input features)")
     p.add_argument("--batch-layers", type=int, default=3,
                    help="model depth K the batches' cost model assumes")
     p.set_defaults(fn=cmd_partition)

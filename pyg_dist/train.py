@@ -21,6 +21,7 @@ from pyg_dist.cache import FeatureCache, build_cache, check_cache
 from pyg_dist.comm.compress import get_codec
 from pyg_dist.distributed import max_over_ranks, sum_over_ranks
 from pyg_dist.loader import CohesiveBatchLoader, load_batches
+from pyg_dist.loader.balance import has_batch_parts
 from pyg_dist.metrics import peak_memory_bytes, reset_peak_memory
 from pyg_dist.sampler import PlanPrefetcher, build_sampler, check_sampler
 
@@ -179,6 +180,7 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     lookahead = ctx.cache.lookahead
     if config.loader == "cohesive":
         plans = CohesiveBatchLoader(data, load_batches(root), len(ctx.layer_index),
+                                    balanced_root=root if has_batch_parts(root) else None,
                                     seed=config.seed, stats=stats)
     else:
         plans = PlanPrefetcher(sampler, lookahead, stats=stats, background=(

@@ -239,7 +239,7 @@ def prefetch_checks(root: str, iterations: int = 6, lookahead: int = 2):
     return out
 
 
-def cohesive_batch_checks(root: str, batch_of: torch.Tensor):
+def cohesive_batch_checks(root: str, batch_of: torch.Tensor, balanced: bool = False):
     r"""Per mini-batch of the cohesive loader: the batch nodes' outputs, the
     summed weight gradients of a loss over them, and the halo bytes."""
     from tests.dist_workers import linear_loss
@@ -252,7 +252,7 @@ def cohesive_batch_checks(root: str, batch_of: torch.Tensor):
         model = pyg_dist.nn.distribute(build_model(name, part.num_features), part)
         ctx, stats = model.dist_context, model.comm_stats
         loader = CohesiveBatchLoader(part, batch_of, num_layers=len(ctx.layer_index),
-                                     seed=3)
+                                     seed=3, balanced_root=root if balanced else None)
         for batch in loader:
             model.zero_grad()
             stats.reset()

@@ -97,10 +97,11 @@ def test_torchrun(tmp_path):
 def test_cohesive_batches_end_to_end(tmp_path):
     root, out = str(tmp_path / "parts"), str(tmp_path / "run")
     p = run("partition", "--num-nodes", "2000", "--num-parts", "2", "--root", root,
-            "--data-dir", str(tmp_path / "data"), "--num-batches", "4")
+            "--data-dir", str(tmp_path / "data"), "--num-batches", "4", "--balance-batches")
     assert "cohesive batches" in p.stdout and "below random batches" in p.stdout
+    assert "balanced batch parts" in p.stdout
     run("train", "--root", root, "--out", out, "--epochs", "3", "--hidden", "16",
-        "--no-progress", "--loader", "cohesive")
+        "--no-progress", "--loader", "cohesive", "--overlap")
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert len(rows) == 3 and rows[-1]["loss"] < rows[0]["loss"]
     p = run("train", "--root", root, "--loader", "cohesive", "--staleness", "1", check=False)

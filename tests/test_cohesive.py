@@ -98,7 +98,8 @@ def test_calibration_measures_positive_constants():
     assert all(getattr(cost, k) > 0 for k in ("alpha", "beta", "gamma", "eta", "lam"))
 
 
-def test_distributed_batches_equal_single_process_pyg(tmp_path):
+@pytest.mark.parametrize("balanced", [False, True])
+def test_distributed_batches_equal_single_process_pyg(tmp_path, balanced):
     import pyg_dist
     from tests.cache_workers import cohesive_batch_checks
     from tests.dist_workers import linear_loss
@@ -107,8 +108,18 @@ def test_distributed_batches_equal_single_process_pyg(tmp_path):
     graph = HopGraph(data.edge_index, data.num_nodes, CostModel(dims=[12, 8, 8, 5]))
     batch_of = torch.full((data.num_nodes, ), -1)
     batch_of[nodes] = cohesive_batches(graph, data.edge_index, nodes, 4, method="metis")
-    pyg_dist.partition_graph(data, 3, root=str(tmp_path))
-    results = pyg_dist.spawn(cohesive_batch_checks, 3, (str(tmp_path), batch_of), timeout=180)
+    book = pyg_dist.partition_graph(data, 3, root=str(tmp_path))
+    if balanced:  # each batch split over the ranks by cost, not by owner
+        from pyg_dist.loader.balance import save_batch_parts
+        loads = save_batch_parts(str(tmp_path), data, graph, batch_of, book.owner(book.inv_perm),
+                                 3, book.meta["graph_hash"])
+        assert all(float(load.max() / load.mean()) <= 1.05 for load in loads)
+        from pyg_dist.loader.cost import imbalance, rank_costs
+        by_owner = [imbalance(rank_costs(graph, (batch_of == b).nonzero().view(-1),
+                                         book.owner(book.inv_perm), 3)) for b in range(4)]
+        assert max(by_owner) > 1.05  # so the balanced split really moved work
+    results = pyg_dist.spawn(cohesive_batch_checks, 3, (str(tmp_path), batch_of, balanced),
+                             timeout=180)
     for name in ("GraphSAGE", "GCN", "GAT"):
         for b in range(4):
             torch.manual_seed(0)
@@ -125,7 +136,9 @@ def test_distributed_batches_equal_single_process_pyg(tmp_path):
                     assert torch.allclose(got["grads"][k], p.grad, atol=1e-5), (name, b, k)
             assert torch.equal(seen.nonzero().view(-1), batch)  # every batch node, once
             # The ranks compute exactly the batch's K-hop in-neighbourhood, each
-            # node on its owner only.
+            # node on one rank only (balanced parts are built for K = 3).
+            if balanced and len(model.convs) != 3:
+                continue
             hood = torch.zeros(data.num_nodes, dtype=torch.bool)
             hood[batch] = True
             for _ in range(len(model.convs)):
@@ -134,6 +147,25 @@ def test_distributed_batches_equal_single_process_pyg(tmp_path):
             assert torch.equal(computed.sort().values, hood.nonzero().view(-1))
         for r in results:  # a batch exchanges less than the whole graph
             assert max(r[name, b]["bytes"] for b in range(4)) < r[name, "full_bytes"]
+
+
+def test_balance_work_hands_outermost_nodes_to_the_least_loaded():
+    from pyg_dist.loader.balance import balance_work, computational_graph
+    data, nodes = _community_graph()
+    graph = HopGraph(data.edge_index, data.num_nodes, CostModel(dims=[12, 16, 16, 5]))
+    order, work = computational_graph(graph, nodes[:30])
+    assert torch.equal(order.sort().values, graph.expand(graph.hops(nodes[:30])[-1])
+                       .nonzero().view(-1))
+    assert torch.equal(torch.isin(order[:30], nodes[:30]), torch.ones(30, dtype=torch.bool))
+    assert (work[:30] > 0).all() and work[-1] == 0  # batch first; inputs only read
+    owner = torch.zeros(order.numel(), dtype=torch.long)  # all on rank 0
+    rank = balance_work(work, owner, 3, tolerance=0.05)
+    load = torch.zeros(3, dtype=torch.double).index_add_(0, rank, work.double())
+    assert float(load.max() / load.mean()) <= 1.05 + float(work.max() / load.mean())
+    moved = (rank != 0).nonzero().view(-1)
+    kept = ((rank == 0) & (work > 0)).nonzero().view(-1)
+    assert moved.min() > kept.max()  # the outermost computing nodes moved
+    assert (rank[work == 0] == 0).all()  # inputs stay with their features
 
 
 def test_rank_costs_split_the_batch_cost():

@@ -1,5 +1,6 @@
 r"""``CohesiveBatchLoader``: CM-GCN's mini-batches over a partition."""
 import os.path as osp
+import shutil
 from typing import Dict, Iterator, List, NamedTuple, Optional
 
 import torch
@@ -7,7 +8,8 @@ from torch import Tensor
 
 from pyg_dist.comm import HaloPlan
 from pyg_dist.data import DistData
-from pyg_dist.loader.batch_plan import BatchGraph, batch_subgraph
+from pyg_dist.loader.balance import BATCH_PARTS_DIR, load_batch_part
+from pyg_dist.loader.batch_plan import BatchGraph, batch_plans, batch_subgraph
 from pyg_dist.metrics import CommStats
 from pyg_dist.distributed import sum_over_ranks
 from pyg_dist.partition.book import safe_load
@@ -20,6 +22,7 @@ def save_batches(root: str, batch_of: Tensor) -> str:
     next to the partitions in :obj:`root`."""
     path = osp.join(root, BATCHES_FILE)
     torch.save({"batch_of": batch_of.long().cpu()}, path)
+    shutil.rmtree(osp.join(root, BATCH_PARTS_DIR), ignore_errors=True)  # of older batches
     return path
 
 
@@ -63,10 +66,15 @@ class CohesiveBatchLoader:
         num_layers: :math:`K`, the model's number of message-passing layers.
         seed: the shuffling seed.
         shuffle: shuffle the batch order per epoch.
+        balanced_root: the partition directory holding balanced batch
+            parts (:func:`~pyg_dist.loader.balance.save_batch_parts`): each
+            batch then runs on its cost-balanced split over the ranks
+            instead of on the nodes' owners (§III-B).
     """
 
     def __init__(self, data: DistData, batch_of: Tensor, num_layers: int, seed: int = 0,
-                 shuffle: bool = True, group=None, stats: Optional[CommStats] = None) -> None:
+                 shuffle: bool = True, group=None, stats: Optional[CommStats] = None,
+                 balanced_root: Optional[str] = None) -> None:
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1 (got {num_layers})")
         if batch_of.numel() != data.num_global_nodes:
@@ -74,6 +82,7 @@ class CohesiveBatchLoader:
                              f"{data.num_global_nodes} nodes")
         self.data, self.num_layers, self.seed, self.shuffle = data, num_layers, seed, shuffle
         self.group, self.stats = group, stats
+        self.balanced_root = balanced_root
         self.num_batches = int(batch_of.max()) + 1
         self.batch_of = batch_of.to(data.n_id.device)[data.n_id[:data.num_inner]]
         self.epoch = 0
@@ -94,11 +103,17 @@ class CohesiveBatchLoader:
 
     def batch(self, index: int) -> Batch:
         if index not in self._graphs:  # a collective: all ranks build it in step
-            self._graphs[index] = batch_subgraph(self.data, self.batch_of == index,
-                                                 self.num_layers, self.group, self.stats)
+            if self.balanced_root is None:
+                graph = batch_subgraph(self.data, self.batch_of == index, self.num_layers,
+                                       self.group, self.stats)
+            else:
+                part = load_batch_part(self.balanced_root, index, self.data.rank)
+                graph = BatchGraph(part, batch_plans(part, part.batch_mask, self.num_layers,
+                                                     self.group, self.stats), part.batch_mask)
+            self._graphs[index] = graph
         graph = self._graphs[index]
-        return Batch(index, self.data.x[graph.data.inner_id], graph.data, graph.plans,
-                     graph.targets)
+        x = self.data.x[graph.data.inner_id] if graph.data.x is None else graph.data.x
+        return Batch(index, x, graph.data, graph.plans, graph.targets)
 
     def count(self, index: int, mask: Tensor) -> float:
         r"""The number of nodes of :obj:`mask` in batch :obj:`index` over all

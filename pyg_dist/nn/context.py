@@ -305,9 +305,10 @@ class DistContext:
                    improved: bool, add_self_loops: bool, dtype: torch.dtype,
                    sort: bool) -> GCNNorm:
         r"""GCN weights of :obj:`edge_index` on :obj:`data`: the rank's
-        partition, or a sub-partition of it (``inner_id`` / ``halo_id``
+        partition, a sub-partition of it (``inner_id`` / ``halo_id``
         locate its rows), which takes the partition's degrees since its
-        edges are a subset."""
+        edges are a subset, or a balanced batch's part, which carries the
+        whole graph's degrees (``deg_in``, ``has_loop``)."""
         src, dst = edge_index
         num_inner = data.num_inner
         edge_id = torch.arange(src.numel(), device=src.device)
@@ -321,7 +322,11 @@ class DistContext:
             edge_id = torch.cat([edge_id, torch.full_like(loop, -1)])
             weight = torch.cat([weight, weight.new_full((loop.numel(), ),
                                                         2.0 if improved else 1.0)])
-        if data is not self.data:
+        if "has_loop" in data:  # a balanced batch's part: the whole graph's degrees
+            deg = data.deg_in.to(dtype)
+            if add_self_loops:
+                deg = deg + (~data.has_loop).to(dtype) * (2.0 if improved else 1.0)
+        elif data is not self.data:
             key = (improved, add_self_loops, dtype)
             if key not in self._gcn_cache:
                 self._gcn_cache[key] = self._normalise(

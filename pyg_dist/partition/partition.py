@@ -4,6 +4,7 @@ import os
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
+from torch import Tensor
 from torch_geometric.data import Data
 
 from pyg_dist.partition.book import FORMAT_VERSION, PartitionBook, part_file
@@ -90,76 +91,11 @@ def partition_graph(
     else:
         assignment = random_assignment(num_nodes, num_parts, seed)
 
-    # Relabel: part r owns the contiguous range partptr[r]:partptr[r+1]; a
-    # stable sort keeps the original order inside each part.
-    perm = torch.sort(assignment, stable=True).indices
-    inv_perm = torch.empty_like(perm)
-    inv_perm[perm] = torch.arange(num_nodes)
-    partptr = torch.zeros(num_parts + 1, dtype=torch.long)
-    partptr[1:] = torch.bincount(assignment, minlength=num_parts).cumsum(0)
-    src, dst = inv_perm[edge_index[0]], inv_perm[edge_index[1]]
-
-    # Sort edges by target so each part's in-edges are one contiguous slice,
-    # ordered (target, source): the CSR order of the fused sparse path.
-    order = torch.argsort(dst * num_nodes + src)
-    src, dst = src[order], dst[order]
-    edge_ptr = torch.searchsorted(dst, partptr)
-    deg_in = torch.bincount(dst, minlength=num_nodes)
-    deg_out = torch.bincount(src, minlength=num_nodes)
-
-    halos = []
-    for r in range(num_parts):
-        s = src[edge_ptr[r]:edge_ptr[r + 1]]
-        outside = (s < partptr[r]) | (s >= partptr[r + 1])
-        halos.append(torch.unique(s[outside]))  # sorted ⇒ grouped by owner
-
-    node_keys = [k for k in data.keys() if data.is_node_attr(k) and k != "edge_index"]
-    edge_keys = [k for k in data.keys() if data.is_edge_attr(k) and k != "edge_index"]
+    parts, part_stats, halos, partptr, perm = build_parts(data, assignment, num_parts)
     ghash = graph_hash(data)
+    for item in parts:
+        item["graph_hash"] = ghash
     masks = {k: getattr(data, k) for k in DEFAULT_BALANCE if getattr(data, k, None) is not None}
-    part_stats: List[Dict[str, Any]] = []
-    parts = []
-    for r in range(num_parts):
-        lo, hi = int(partptr[r]), int(partptr[r + 1])
-        halo = halos[r]
-        halo_owner = torch.searchsorted(partptr, halo, right=True) - 1
-        global_id = torch.cat([torch.arange(lo, hi), halo])
-        e = slice(int(edge_ptr[r]), int(edge_ptr[r + 1]))
-        s, d = src[e], dst[e]
-        inner_src = (s >= lo) & (s < hi)
-        local_src = torch.where(inner_src, s - lo,
-                                (hi - lo) + torch.searchsorted(halo, s))
-        # Rows this part sends to peer q: q's halo nodes that it owns.
-        send = [halos[q][(halos[q] >= lo) & (halos[q] < hi)] - lo
-                for q in range(num_parts)]
-        item: Dict[str, Any] = {
-            "format_version": FORMAT_VERSION, "graph_hash": ghash,
-            "rank": r, "num_parts": num_parts,
-            "num_inner": hi - lo, "num_halo": halo.numel(),
-            "edge_index": torch.stack([local_src, d - lo]),
-            "global_id": global_id,
-            "n_id": perm[global_id],
-            "halo_owner": halo_owner,
-            "halo_remote_id": halo - partptr[halo_owner],
-            "deg_in": deg_in[global_id], "deg_out": deg_out[global_id],
-            "send_index": torch.cat(send),
-            "send_counts": torch.tensor([t.numel() for t in send]),
-            "recv_counts": torch.bincount(halo_owner, minlength=num_parts),
-            "partptr": partptr,
-        }
-        inner_orig = perm[lo:hi]
-        for k in node_keys:
-            item[k] = getattr(data, k)[inner_orig]
-        for k in edge_keys:
-            item[k] = getattr(data, k)[order[e]]
-        parts.append(item)
-        part_stats.append({
-            "part": r, "num_inner": hi - lo, "num_halo": halo.numel(),
-            "halo_ratio": halo.numel() / max(hi - lo, 1),
-            "num_edges": int(d.numel()),
-            **{f"num_{k.split('_')[0]}": int(m[inner_orig].sum())
-               for k, m in masks.items()},
-        })
 
     edge_cut = int((assignment[edge_index[0]] != assignment[edge_index[1]]).sum())
     y = getattr(data, "y", None)
@@ -188,6 +124,85 @@ def partition_graph(
             torch.save(item, part_file(root, r))
         book.save(root)  # meta.json last: its presence marks a complete write
     return book
+
+
+def build_parts(data: Data, assignment: Tensor, num_parts: int):
+    r"""The part items (what ``part_{r}.pt`` holds, without ``graph_hash``)
+    of :obj:`data` split by :obj:`assignment`, their statistics, the halo
+    (global ids) of each part, ``partptr`` and the relabelling ``perm``
+    (new global id -> original id)."""
+    num_nodes, edge_index = data.num_nodes, data.edge_index
+    # Relabel: part r owns the contiguous range partptr[r]:partptr[r+1]; a
+    # stable sort keeps the original order inside each part.
+    perm = torch.sort(assignment, stable=True).indices
+    inv_perm = torch.empty_like(perm)
+    inv_perm[perm] = torch.arange(num_nodes)
+    partptr = torch.zeros(num_parts + 1, dtype=torch.long)
+    partptr[1:] = torch.bincount(assignment, minlength=num_parts).cumsum(0)
+    src, dst = inv_perm[edge_index[0]], inv_perm[edge_index[1]]
+
+    # Sort edges by target so each part's in-edges are one contiguous slice,
+    # ordered (target, source): the CSR order of the fused sparse path.
+    order = torch.argsort(dst * num_nodes + src)
+    src, dst = src[order], dst[order]
+    edge_ptr = torch.searchsorted(dst, partptr)
+    deg_in = torch.bincount(dst, minlength=num_nodes)
+    deg_out = torch.bincount(src, minlength=num_nodes)
+
+    halos = []
+    for r in range(num_parts):
+        s = src[edge_ptr[r]:edge_ptr[r + 1]]
+        outside = (s < partptr[r]) | (s >= partptr[r + 1])
+        halos.append(torch.unique(s[outside]))  # sorted ⇒ grouped by owner
+
+    node_keys = [k for k in data.keys() if data.is_node_attr(k) and k != "edge_index"]
+    edge_keys = [k for k in data.keys() if data.is_edge_attr(k) and k != "edge_index"]
+    masks = {k: getattr(data, k) for k in DEFAULT_BALANCE if getattr(data, k, None) is not None}
+    part_stats: List[Dict[str, Any]] = []
+    parts = []
+    for r in range(num_parts):
+        lo, hi = int(partptr[r]), int(partptr[r + 1])
+        halo = halos[r]
+        halo_owner = torch.searchsorted(partptr, halo, right=True) - 1
+        global_id = torch.cat([torch.arange(lo, hi), halo])
+        e = slice(int(edge_ptr[r]), int(edge_ptr[r + 1]))
+        s, d = src[e], dst[e]
+        inner_src = (s >= lo) & (s < hi)
+        local_src = torch.where(inner_src, s - lo,
+                                (hi - lo) + torch.searchsorted(halo, s))
+        # Rows this part sends to peer q: q's halo nodes that it owns.
+        send = [halos[q][(halos[q] >= lo) & (halos[q] < hi)] - lo
+                for q in range(num_parts)]
+        item: Dict[str, Any] = {
+            "format_version": FORMAT_VERSION,
+            "rank": r, "num_parts": num_parts,
+            "num_inner": hi - lo, "num_halo": halo.numel(),
+            "edge_index": torch.stack([local_src, d - lo]),
+            "global_id": global_id,
+            "n_id": perm[global_id],
+            "halo_owner": halo_owner,
+            "halo_remote_id": halo - partptr[halo_owner],
+            "deg_in": deg_in[global_id], "deg_out": deg_out[global_id],
+            "send_index": torch.cat(send),
+            "send_counts": torch.tensor([t.numel() for t in send]),
+            "recv_counts": torch.bincount(halo_owner, minlength=num_parts),
+            "partptr": partptr,
+        }
+        inner_orig = perm[lo:hi]
+        for k in node_keys:
+            item[k] = getattr(data, k)[inner_orig]
+        for k in edge_keys:
+            item[k] = getattr(data, k)[order[e]]
+        parts.append(item)
+        part_stats.append({
+            "part": r, "num_inner": hi - lo, "num_halo": halo.numel(),
+            "halo_ratio": halo.numel() / max(hi - lo, 1),
+            "num_edges": int(d.numel()),
+            **{f"num_{k.split('_')[0]}": int(m[inner_orig].sum())
+               for k, m in masks.items()},
+        })
+
+    return parts, part_stats, halos, partptr, perm
 
 
 def _versions() -> Dict[str, str]:

@@ -1,0 +1,139 @@
+r"""Balanced workloads (CM-GCN §III-B): each batch's computational graph
+split over the ranks by cost, stored as one partition per batch and rank."""
+import os
+import os.path as osp
+import shutil
+from typing import List, Tuple
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+
+from pyg_dist.data import DistData
+from pyg_dist.loader.cost import HopGraph
+from pyg_dist.partition.book import FORMAT_VERSION, read_meta, safe_load
+from pyg_dist.partition.partition import build_parts
+
+BATCH_PARTS_DIR = "batch_parts"
+
+
+def computational_graph(graph: HopGraph, batch: Tensor) -> Tuple[Tensor, Tensor]:
+    r"""The nodes of :obj:`batch`'s K-hop computational graph in BFS order
+    from the batch (hop by hop, ids ascending within a hop) and the work
+    :math:`\sum_k c_f(v, k) + c_b(v, k)` each does over the layers it
+    computes in (0 for the nodes only read as input features)."""
+    K = graph.cost.num_layers
+    hops = graph.hops(batch)  # within 0..K-1 hops: computed at layers K..1
+    reached = torch.stack(hops + [graph.expand(hops[-1])])  # [K + 1, N]
+    work = sum(graph.layer_cost[K - h] * hops[h] for h in range(K))
+    first_hop = torch.where(reached.any(0), reached.int().argmax(0), K + 1)
+    nodes = reached[-1].nonzero().view(-1)
+    order = torch.argsort(first_hop[nodes] * graph.num_nodes + nodes)
+    return nodes[order], work[nodes[order]]
+
+
+def balance_work(work: Tensor, owner: Tensor, num_parts: int,
+                 tolerance: float = 0.05) -> Tensor:
+    r"""The rank that computes each node of a computational graph (given in
+    BFS order): its owner, unless that rank's work exceeds the mean by more
+    than :obj:`tolerance`; an overloaded rank hands its outermost nodes
+    (last in BFS order, which the batch reads least deep) to the least
+    loaded ranks until every rank is within :obj:`tolerance` of the mean, or
+    within one node's work when single nodes are larger than that.
+
+    CM-GCN assigns every node greedily to the least loaded worker; starting
+    from the owners keeps most of the graph where its features and edges
+    already are, so a balanced batch exchanges little more than an
+    unbalanced one."""
+    rank = owner.clone()
+    load = torch.zeros(num_parts, dtype=torch.double).index_add_(0, rank, work.double())
+    high = load.mean() * (1 + tolerance)
+    for r in torch.argsort(load, descending=True).tolist():
+        excess = float(load[r] - high)
+        if excess <= 0:
+            continue
+        mine = ((rank == r) & (work > 0)).nonzero().view(-1).flip(0)  # outermost first
+        moved = mine[torch.cumsum(work[mine].double(), 0) - work[mine].double() < excess]
+        for v in moved.tolist():
+            to = int(torch.argmin(load))
+            if to == r or load[to] + work[v] > load[r] - work[v]:
+                break
+            rank[v] = to
+            load[to] += work[v]
+            load[r] -= work[v]
+    return rank
+
+
+def save_batch_parts(root: str, data: Data, graph: HopGraph, batch_of: Tensor,
+                     owner: Tensor, num_parts: int, graph_hash: str,
+                     tolerance: float = 0.05) -> List[Tensor]:
+    r"""Writes, for every batch :math:`b` and rank :math:`r`,
+    ``root/batch_parts/{b}/part_{r}.pt``: the part of :math:`b`'s
+    computational graph that rank :math:`r` computes (:func:`balance_work`)
+    as a partition of that graph (inner nodes, halo, exchange plan, input
+    features of its inner nodes, ``batch_mask`` of its batch nodes),
+    with the whole graph's degrees. Returns each batch's per-rank work.
+
+    Every rank then holds the input features of the nodes it computes in
+    any batch, as in CM-GCN: up to :math:`M` copies of a row, the price of
+    balance."""
+    shutil.rmtree(osp.join(root, BATCH_PARTS_DIR), ignore_errors=True)
+    src, dst = data.edge_index
+    deg_in = torch.bincount(dst, minlength=data.num_nodes)
+    has_loop = torch.zeros(data.num_nodes, dtype=torch.bool)
+    has_loop[dst[src == dst]] = True
+    node_keys = [k for k in data.keys() if data.is_node_attr(k) and k != "edge_index"]
+    loads = []
+    for b in range(int(batch_of.max()) + 1):
+        batch = (batch_of == b).nonzero().view(-1)
+        nodes, work = computational_graph(graph, batch)
+        rank = balance_work(work, owner[nodes], num_parts, tolerance)
+        loads.append(torch.zeros(num_parts, dtype=torch.double).index_add_(
+            0, rank, work.double()))
+        local = torch.full((data.num_nodes, ), -1, dtype=torch.long)
+        local[nodes] = torch.arange(nodes.numel())
+        computes = torch.zeros(data.num_nodes, dtype=torch.bool)
+        computes[nodes[work > 0]] = True
+        keep = computes[dst]  # the in-edges of the nodes any layer computes
+        sub = Data(edge_index=local[data.edge_index[:, keep]], num_nodes=nodes.numel(),
+                   **{k: data[k][nodes] for k in node_keys})
+        sub.batch_mask = batch_of[nodes] == b
+        parts = build_parts(sub, rank, num_parts)[0]
+        os.makedirs(osp.join(root, BATCH_PARTS_DIR, str(b)), exist_ok=True)
+        for r, item in enumerate(parts):
+            original = nodes[item["n_id"]]
+            item.update(n_id=original, deg_in=deg_in[original], has_loop=has_loop[original],
+                        batch=b, graph_hash=graph_hash)
+            torch.save(item, batch_part_file(root, b, r))
+    return loads
+
+
+def batch_part_file(root: str, batch: int, rank: int) -> str:
+    return osp.join(root, BATCH_PARTS_DIR, str(batch), f"part_{rank}.pt")
+
+
+def has_batch_parts(root: str) -> bool:
+    return osp.isdir(osp.join(root, BATCH_PARTS_DIR))
+
+
+def load_batch_part(root: str, batch: int, rank: int) -> DistData:
+    r"""The part :func:`save_batch_parts` wrote for :obj:`batch` and
+    :obj:`rank`, checked against the partitioning in :obj:`root`."""
+    meta = read_meta(root)
+    num_parts = meta["num_parts"]
+    path = batch_part_file(root, batch, rank)
+    if not osp.exists(path):
+        raise FileNotFoundError(f"'{path}' is missing: write the balanced batches with "
+                                f"pyg-dist partition --num-batches M --balance-batches")
+    item = safe_load(path)
+    if not isinstance(item, dict) or item.get("format_version") != FORMAT_VERSION \
+            or item.get("num_parts") != num_parts or item.get("batch") != batch \
+            or item.get("graph_hash") != meta["graph_hash"]:
+        raise RuntimeError(f"'{path}' is not batch {batch} of the {num_parts}-part "
+                           f"partitioning in '{root}' (re-run pyg-dist partition "
+                           f"--balance-batches)")
+    data = DistData(**item)
+    data.num_nodes = data.num_inner
+    data.num_global_nodes = meta["num_nodes"]
+    data.adj_t = data.csr_adj_t()
+    return data
