@@ -75,10 +75,11 @@ class TrainConfig:
             FeatureCache.check(self.feature_cache, self.feature_cache_capacity)
         if self.loader not in ("full", "cohesive"):
             raise ValueError(f"Unknown loader '{self.loader}' (full, cohesive)")
-        if self.loader == "cohesive" and (self.sampler != "full" or self.cache != "exact"
+        if self.loader == "cohesive" and (self.sampler == "vr" or self.cache != "exact"
                                           or self.feature_cache or self.precompute_layer0):
-            raise ValueError("loader 'cohesive' runs exact mini-batches: samplers, caches "
-                             "and precompute_layer0 do not combine with it yet")
+            raise ValueError("loader 'cohesive' runs mini-batches with fresh halo rows: "
+                             "caches, the vr sampler (it learns per layer over the whole "
+                             "partition) and precompute_layer0 do not combine with it")
 
 
 def build_model(config: TrainConfig, in_channels: int, out_channels: int) -> torch.nn.Module:
@@ -181,7 +182,10 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     if config.loader == "cohesive":
         plans = CohesiveBatchLoader(data, load_batches(root), len(ctx.layer_index),
                                     balanced_root=root if has_batch_parts(root) else None,
-                                    seed=config.seed, stats=stats)
+                                    seed=config.seed, stats=stats, sampler=None if
+                                    config.sampler == "full" else lambda part: build_sampler(
+                                        config.sampler, part, seed=config.seed, stats=stats,
+                                        **sampler_args))
     else:
         plans = PlanPrefetcher(sampler, lookahead, stats=stats, background=(
             config.background_sampling and lookahead > 0 and device.type == "cpu"))

@@ -315,3 +315,35 @@ def overlap_checks(root: str):
     parts = pyg_dist.comm.HaloPlan.full(part).split_rows(part.adj_t)
     results["split"] = [int((adj.crow_indices().diff() > 0).sum()) for adj in parts]
     return results
+
+
+def batch_sampling_checks(root: str, draws: int = 200):
+    r"""BNS (p = 0.5) on a batch's halo: the mean of a one-layer GCN's batch
+    outputs over many draws against the exact batch output, and the rows
+    each draw receives."""
+    from torch_geometric.nn import GCNConv
+    from pyg_dist.loader import batch_subgraph
+    from pyg_dist.loader.batch_plan import sample_layers
+    part = pyg_dist.DistData.load(root, dist.get_rank())
+    targets = torch.zeros(part.num_inner, dtype=torch.bool)
+    targets[::3] = True
+    torch.manual_seed(0)
+    model = pyg_dist.nn.distribute(GCNConv(part.num_features, 4), part)
+    ctx, stats = model.dist_context, model.comm_stats
+    graph = batch_subgraph(part, targets, 1)
+    x = part.x[graph.data.inner_id]
+    with torch.no_grad():
+        with ctx.use(graph.plans):
+            exact = model(x, graph.data.adj_t)[graph.targets]
+        bns = build_sampler("bns", graph.data, seed=5, p=0.5)
+        total, rows, extra = torch.zeros_like(exact), 0, 0
+        for t in range(draws):
+            plans = sample_layers(graph.plans, bns.plan(t))
+            needed = set(graph.plans[0].recv_rows().tolist())
+            extra += len(set(plans[0].recv_rows().tolist()) - needed)
+            rows += plans[0].num_recv
+            with ctx.use(plans):
+                total += model(x, graph.data.adj_t)[graph.targets]
+    return {"error": float((total / draws - exact).abs().max()),
+            "scale": float(exact.abs().max()), "rows": rows / draws,
+            "needed": graph.plans[0].num_recv, "extra": extra}

@@ -101,7 +101,7 @@ def test_cohesive_batches_end_to_end(tmp_path):
     assert "cohesive batches" in p.stdout and "below random batches" in p.stdout
     assert "balanced batch parts" in p.stdout
     run("train", "--root", root, "--out", out, "--epochs", "3", "--hidden", "16",
-        "--no-progress", "--loader", "cohesive", "--overlap")
+        "--no-progress", "--loader", "cohesive", "--overlap", "--sampler", "bns", "--p", "0.5")
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert len(rows) == 3 and rows[-1]["loss"] < rows[0]["loss"]
     p = run("train", "--root", root, "--loader", "cohesive", "--staleness", "1", check=False)

@@ -121,3 +121,27 @@ def batch_subgraph(data: DistData, targets: Tensor, num_layers: int, group=None,
     plans = [HaloPlan.sampled(sub, s.send_keep[send_keep], s.halo_keep[halo_keep],
                               edge_keep=s.edge_keep[edge_keep]) for s in layers]
     return BatchGraph(sub, plans, targets[inner_id])
+
+
+def sample_layers(plans: List[HaloPlan], sampled: HaloPlan) -> List[HaloPlan]:
+    r"""A batch's layer plans restricted to :obj:`sampled`, a plan that a
+    :mod:`~pyg_dist.sampler` drew on the batch's (sub-)partition (e.g. BNS
+    on the batch's halo): each layer receives the halo rows it needs that
+    the sample kept and aggregates its edges that survive, scaled as the
+    sample scales them (unbiased, as on the full graph)."""
+    factor = sampled.edge_factor()
+    if factor is None:  # the exact plan: nothing dropped
+        return plans
+    data = sampled.data
+    halo = torch.zeros(data.num_halo, dtype=torch.bool, device=factor.device)
+    halo[sampled.recv_rows()] = True
+    send = torch.zeros(data.send_index.numel(), dtype=torch.bool, device=factor.device)
+    send[sampled.send_rows()] = True
+    out = []
+    for plan in plans:
+        halo_keep = torch.zeros_like(halo)
+        halo_keep[plan.recv_rows()] = True
+        out.append(HaloPlan.sampled(data, plan.send_keep & send, halo_keep & halo,
+                                    edge_keep=plan.edge_keep & (factor > 0),
+                                    edge_scale=factor))
+    return out

@@ -1,7 +1,7 @@
 r"""``CohesiveBatchLoader``: CM-GCN's mini-batches over a partition."""
 import os.path as osp
 import shutil
-from typing import Dict, Iterator, List, NamedTuple, Optional
+from typing import Callable, Dict, Iterator, List, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -9,10 +9,11 @@ from torch import Tensor
 from pyg_dist.comm import HaloPlan
 from pyg_dist.data import DistData
 from pyg_dist.loader.balance import BATCH_PARTS_DIR, load_batch_part
-from pyg_dist.loader.batch_plan import BatchGraph, batch_plans, batch_subgraph
+from pyg_dist.loader.batch_plan import BatchGraph, batch_plans, batch_subgraph, sample_layers
 from pyg_dist.metrics import CommStats
 from pyg_dist.distributed import sum_over_ranks
 from pyg_dist.partition.book import safe_load
+from pyg_dist.sampler import BoundarySampler
 
 BATCHES_FILE = "batches.pt"
 
@@ -70,11 +71,16 @@ class CohesiveBatchLoader:
             parts (:func:`~pyg_dist.loader.balance.save_batch_parts`): each
             batch then runs on its cost-balanced split over the ranks
             instead of on the nodes' owners (§III-B).
+        sampler: builds a :class:`~pyg_dist.sampler.BoundarySampler` for a
+            batch's partition (e.g. ``lambda data: BNSSampler(data, p=0.1)``);
+            every time a batch runs, its layer plans are restricted to a
+            fresh draw (:func:`~pyg_dist.loader.batch_plan.sample_layers`).
     """
 
     def __init__(self, data: DistData, batch_of: Tensor, num_layers: int, seed: int = 0,
                  shuffle: bool = True, group=None, stats: Optional[CommStats] = None,
-                 balanced_root: Optional[str] = None) -> None:
+                 balanced_root: Optional[str] = None,
+                 sampler: Optional[Callable[[DistData], BoundarySampler]] = None) -> None:
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1 (got {num_layers})")
         if batch_of.numel() != data.num_global_nodes:
@@ -83,6 +89,9 @@ class CohesiveBatchLoader:
         self.data, self.num_layers, self.seed, self.shuffle = data, num_layers, seed, shuffle
         self.group, self.stats = group, stats
         self.balanced_root = balanced_root
+        self.sampler = sampler
+        self._samplers: Dict[int, BoundarySampler] = {}
+        self.iteration = 0  # batches run so far: the samplers' draw index
         self.num_batches = int(batch_of.max()) + 1
         self.batch_of = batch_of.to(data.n_id.device)[data.n_id[:data.num_inner]]
         self.epoch = 0
@@ -113,7 +122,12 @@ class CohesiveBatchLoader:
             self._graphs[index] = graph
         graph = self._graphs[index]
         x = self.data.x[graph.data.inner_id] if graph.data.x is None else graph.data.x
-        return Batch(index, x, graph.data, graph.plans, graph.targets)
+        plans = graph.plans
+        if self.sampler is not None:
+            if index not in self._samplers:
+                self._samplers[index] = self.sampler(graph.data)
+            plans = sample_layers(plans, self._samplers[index].plan(self.iteration))
+        return Batch(index, x, graph.data, plans, graph.targets)
 
     def count(self, index: int, mask: Tensor) -> float:
         r"""The number of nodes of :obj:`mask` in batch :obj:`index` over all
@@ -129,4 +143,5 @@ class CohesiveBatchLoader:
     def __iter__(self) -> Iterator[Batch]:
         for index in self.order():
             yield self.batch(index)
+            self.iteration += 1
         self.epoch += 1
