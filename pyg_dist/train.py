@@ -281,7 +281,9 @@ def _train_batches(model, data, loader: CohesiveBatchLoader, optimizer, params,
         model.train()
         with ctx.use(batch.plans):
             out = model(batch.x, batch.data.adj_t)
-        loss = F.cross_entropy(out[mask], batch.data.y[mask], reduction="sum") / count
+        mask = mask[:out.size(0)]  # the last layer's input rows, the batch's first
+        loss = F.cross_entropy(out[mask], batch.data.y[:out.size(0)][mask],
+                               reduction="sum") / count
         loss.backward()
         if world > 1:
             with stats.timer("reduce"):

@@ -258,12 +258,13 @@ def cohesive_batch_checks(root: str, batch_of: torch.Tensor, balanced: bool = Fa
             stats.reset()
             with ctx.use(batch.plans):
                 y = model(batch.x, batch.data.adj_t)
-            n_id = batch.data.n_id[:batch.data.num_inner][batch.targets]
-            linear_loss(y[batch.targets], n_id).backward()
+            targets = batch.targets[:y.size(0)]  # the batch's rows come first
+            n_id = batch.data.n_id[:y.size(0)][targets]
+            linear_loss(y[targets], n_id).backward()
             grads = {k: p.grad.clone() for k, p in model.named_parameters()}
             for g in grads.values():
                 dist.all_reduce(g)
-            out[name, batch.index] = {"n_id": n_id, "out": y[batch.targets].detach(),
+            out[name, batch.index] = {"n_id": n_id, "out": y[targets].detach(),
                                       "grads": grads, "bytes": stats.total_bytes_recv,
                                       "computed": batch.data.n_id[:batch.data.num_inner]}
         stats.reset()

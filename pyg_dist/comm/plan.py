@@ -73,6 +73,9 @@ class HaloPlan:
         self.patch = patch
         self.skip_exchange = skip_exchange
         self.send_keep = send_keep  # which rows of data.send_index (None: all)
+        # A layer given more rows than num_inner keeps the first num_inner
+        # (a mini-batch's layers run on shrinking prefixes of its rows).
+        self.trim_input = False
         self.cache: Dict[Any, Any] = {}  # values derived from the plan, shared by layers
 
     @classmethod

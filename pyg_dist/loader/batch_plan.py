@@ -15,7 +15,8 @@ from pyg_dist.metrics import CommStats
 
 class LayerSelection(NamedTuple):
     r"""What one layer of a batch touches, as masks over the partition."""
-    edge_keep: Tensor  # in-edges of the layer's targets
+    targets: Tensor  # the inner nodes the layer computes
+    edge_keep: Tensor  # their in-edges
     halo_keep: Tensor  # halo rows they read
     send_keep: Tensor  # rows of send_index peers read
 
@@ -38,7 +39,7 @@ def walk_layers(data: DistData, targets: Tensor, num_layers: int, group=None,
         halo_keep = torch.zeros(data.num_halo, dtype=torch.bool, device=src.device)
         halo_keep[sources[sources >= num_inner] - num_inner] = True
         send_keep = tell_owners(data, halo_keep, group, stats, key="batch_plan")
-        layers.append(LayerSelection(edge_keep, halo_keep, send_keep))
+        layers.append(LayerSelection(active, edge_keep, halo_keep, send_keep))
         below = active.clone()
         below[sources[sources < num_inner]] = True
         below[data.send_index[send_keep]] = True
@@ -64,7 +65,7 @@ class BatchGraph(NamedTuple):
     sub-partition of the nodes it touches (a :class:`~pyg_dist.DistData`
     whose ``inner_id`` / ``halo_id`` are the partition's ids of its inner
     and halo rows), :obj:`plans` its layer plans, :obj:`targets` the
-    batch's nodes among its inner rows."""
+    batch's nodes among its inner rows (the first ones)."""
     data: DistData
     plans: List[HaloPlan]
     targets: Tensor
@@ -74,53 +75,83 @@ def batch_subgraph(data: DistData, targets: Tensor, num_layers: int, group=None,
                    stats: Optional[CommStats] = None) -> BatchGraph:
     r"""The batch's computational graph as a sub-partition: its inner rows
     are the inner nodes the batch touches here, its halo rows those any
-    layer receives, its edges those any layer aggregates, all relabelled in
-    the partition's order (so edges stay sorted by target, halo rows
-    grouped by owner). Peers' sub-partitions agree row for row: a peer
-    sends exactly the rows of the union of its per-layer send masks, which
-    match this rank's halo masks layer by layer.
+    layer receives, its edges those any layer aggregates. Peers'
+    sub-partitions agree row for row: a peer sends exactly the rows of the
+    union of its per-layer send masks, which match this rank's halo masks
+    layer by layer (halo rows keep the partition's order, so stay grouped
+    by owner).
 
-    Every layer computes the sub-partition's inner rows (a GNN's dense
-    transforms run over the batch's nodes, not the rank's); rows a layer
-    does not target aggregate nothing and are never read above it.
+    Inner rows are ordered by depth: the batch first, then the nodes the
+    layer below it adds, down to the nodes only read as input features. So
+    each layer's inputs are a prefix of the rows, and layer :math:`\ell`
+    runs on a partition of its own (a *view*: the first rows its targets
+    and local sources need, the shared halo, its own edges): its dense
+    transforms touch those rows only, and its output, cut to the next
+    layer's prefix as that layer starts (``HaloPlan.trim_input``), is the
+    next layer's input. The model's output has one row per input row of
+    the last layer, the batch's nodes first.
+
     ``x`` is not stored (take ``parent.x[graph.data.inner_id]``), so caching
     every batch's graph costs indices only."""
-    layers, inner_keep = walk_layers(data, targets, num_layers, group, stats)
-    halo_keep = torch.stack([s.halo_keep for s in layers]).any(0)
-    send_keep = torch.stack([s.send_keep for s in layers]).any(0)
-    edge_keep = torch.stack([s.edge_keep for s in layers]).any(0)
+    layers, inputs = walk_layers(data, targets, num_layers, group, stats)
+    device = inputs.device
     num_inner = data.num_inner
-    inner_id = inner_keep.nonzero().view(-1)
-    halo_id = halo_keep.nonzero().view(-1)
-    new_id = torch.full((num_inner + data.num_halo, ), -1, dtype=torch.long,
-                        device=inner_id.device)
-    new_id[inner_id] = torch.arange(inner_id.numel(), device=inner_id.device)
-    new_id[num_inner + halo_id] = inner_id.numel() + torch.arange(
-        halo_id.numel(), device=inner_id.device)
+    computed_by = torch.stack([s.targets for s in layers]).sum(0)  # nested sets
+    candidates = inputs.nonzero().view(-1)
+    inner_id = candidates[torch.argsort(-computed_by[candidates] * num_inner + candidates)]
+    halo_id = torch.stack([s.halo_keep for s in layers]).any(0).nonzero().view(-1)
+    send_keep = torch.stack([s.send_keep for s in layers]).any(0)
+    n0 = inner_id.numel()
+    new_id = torch.full((num_inner + data.num_halo, ), -1, dtype=torch.long, device=device)
+    new_id[inner_id] = torch.arange(n0, device=device)
+    new_id[num_inner + halo_id] = n0 + torch.arange(halo_id.numel(), device=device)
     node_id = torch.cat([inner_id, num_inner + halo_id])
     send_owner = torch.repeat_interleave(
-        torch.arange(data.num_parts, device=inner_id.device), data.send_counts,
+        torch.arange(data.num_parts, device=device), data.send_counts,
         output_size=data.send_index.numel())
-    sub = DistData(
-        edge_index=new_id[data.edge_index[:, edge_keep]],
-        y=data.y[inner_id] if data.y is not None else None,
-        **{f"{m}_mask": data[f"{m}_mask"][inner_id] for m in ("train", "val", "test")
-           if f"{m}_mask" in data},
-        inner_id=inner_id, halo_id=halo_id, n_id=data.n_id[node_id],
-        global_id=data.global_id[node_id], halo_owner=data.halo_owner[halo_id],
+    fields = dict(
+        n_id=data.n_id[node_id], global_id=data.global_id[node_id],
         deg_in=data.deg_in[node_id], deg_out=data.deg_out[node_id],
+        **({"has_loop": data.has_loop[node_id]} if "has_loop" in data else {}),
+        halo_id=halo_id, halo_owner=data.halo_owner[halo_id],
         send_index=new_id[data.send_index[send_keep]],
         send_counts=torch.bincount(send_owner[send_keep], minlength=data.num_parts),
         recv_counts=torch.bincount(data.halo_owner[halo_id], minlength=data.num_parts),
-        num_inner=inner_id.numel(), num_halo=halo_id.numel(),
-        num_parts=data.num_parts, rank=data.rank)
-    sub.num_nodes = inner_id.numel()
+        num_halo=halo_id.numel(), num_parts=data.num_parts, rank=data.rank)
+    union = torch.stack([s.edge_keep for s in layers]).any(0).nonzero().view(-1)
+    src, dst = new_id[data.edge_index[:, union]]
+    order = torch.argsort(dst * (n0 + halo_id.numel()) + src)
+    sub = DistData(edge_index=torch.stack([src[order], dst[order]]), inner_id=inner_id,
+                   num_inner=n0, **fields,
+                   **{k: data[k][inner_id] for k in ("y", "train_mask", "val_mask",
+                                                     "test_mask") if k in data})
+    sub.num_nodes = n0
     sub.num_global_nodes = data.num_global_nodes
-    sub.adj_t = sub.csr_adj_t(value=torch.ones(sub.edge_index.size(1), dtype=data.adj_t.dtype,
-                                               device=inner_id.device))
-    plans = [HaloPlan.sampled(sub, s.send_keep[send_keep], s.halo_keep[halo_keep],
-                              edge_keep=s.edge_keep[edge_keep]) for s in layers]
-    return BatchGraph(sub, plans, targets[inner_id])
+    sub.adj_t = sub.csr_adj_t(value=torch.ones(order.numel(), dtype=data.adj_t.dtype,
+                                               device=device))
+    sub_edge = torch.full((data.edge_index.size(1), ), -1, dtype=torch.long, device=device)
+    sub_edge[union[order]] = torch.arange(order.numel(), device=device)
+
+    plans = []
+    for i, layer in enumerate(layers):
+        n = n0 if i == 0 else int(layers[i - 1].targets.sum())  # the layer's input rows
+        edges = layer.edge_keep.nonzero().view(-1)
+        src, dst = new_id[data.edge_index[:, edges]]
+        src = torch.where(src >= n0, src - n0 + n, src)  # halo rows follow the n inputs
+        order = torch.argsort(dst * (n + halo_id.numel()) + src)
+        view = DistData(edge_index=torch.stack([src[order], dst[order]]),
+                        sub_edge=sub_edge[edges[order]], inner_id=inner_id[:n], num_inner=n,
+                        **{k: (torch.cat([v[:n], v[n0:]]) if k in ("n_id", "global_id",
+                                                                   "deg_in", "deg_out",
+                                                                   "has_loop") else v)
+                           for k, v in fields.items()})
+        view.num_nodes = n
+        view.num_global_nodes = data.num_global_nodes
+        view.adj_t = sub.adj_t  # the graph a model is given: is_local_graph knows it
+        plan = HaloPlan.sampled(view, layer.send_keep[send_keep], layer.halo_keep[halo_id])
+        plan.trim_input = True
+        plans.append(plan)
+    return BatchGraph(sub, plans, torch.arange(n0, device=device) < int(targets.sum()))
 
 
 def sample_layers(plans: List[HaloPlan], sampled: HaloPlan) -> List[HaloPlan]:
@@ -129,7 +160,7 @@ def sample_layers(plans: List[HaloPlan], sampled: HaloPlan) -> List[HaloPlan]:
     on the batch's halo): each layer receives the halo rows it needs that
     the sample kept and aggregates its edges that survive, scaled as the
     sample scales them (unbiased, as on the full graph)."""
-    factor = sampled.edge_factor()
+    factor = sampled.edge_factor()  # per edge of the batch's sub-partition
     if factor is None:  # the exact plan: nothing dropped
         return plans
     data = sampled.data
@@ -141,7 +172,9 @@ def sample_layers(plans: List[HaloPlan], sampled: HaloPlan) -> List[HaloPlan]:
     for plan in plans:
         halo_keep = torch.zeros_like(halo)
         halo_keep[plan.recv_rows()] = True
-        out.append(HaloPlan.sampled(data, plan.send_keep & send, halo_keep & halo,
-                                    edge_keep=plan.edge_keep & (factor > 0),
-                                    edge_scale=factor))
+        view_factor = factor[plan.data.sub_edge]
+        sampled_plan = HaloPlan.sampled(plan.data, plan.send_keep & send, halo_keep & halo,
+                                        edge_keep=view_factor > 0, edge_scale=view_factor)
+        sampled_plan.trim_input = plan.trim_input
+        out.append(sampled_plan)
     return out

@@ -9,7 +9,7 @@ from torch import Tensor
 from pyg_dist.comm import HaloPlan
 from pyg_dist.data import DistData
 from pyg_dist.loader.balance import BATCH_PARTS_DIR, load_batch_part
-from pyg_dist.loader.batch_plan import BatchGraph, batch_plans, batch_subgraph, sample_layers
+from pyg_dist.loader.batch_plan import BatchGraph, batch_subgraph, sample_layers
 from pyg_dist.metrics import CommStats
 from pyg_dist.distributed import sum_over_ranks
 from pyg_dist.partition.book import safe_load
@@ -96,6 +96,7 @@ class CohesiveBatchLoader:
         self.batch_of = batch_of.to(data.n_id.device)[data.n_id[:data.num_inner]]
         self.epoch = 0
         self._graphs: Dict[int, BatchGraph] = {}
+        self._features: Dict[int, Tensor] = {}  # balanced parts' input features
         self._counts: dict = {}
 
     def __len__(self) -> int:
@@ -115,13 +116,14 @@ class CohesiveBatchLoader:
             if self.balanced_root is None:
                 graph = batch_subgraph(self.data, self.batch_of == index, self.num_layers,
                                        self.group, self.stats)
-            else:
+            else:  # the batch's balanced part holds the rows this rank computes
                 part = load_batch_part(self.balanced_root, index, self.data.rank)
-                graph = BatchGraph(part, batch_plans(part, part.batch_mask, self.num_layers,
-                                                     self.group, self.stats), part.batch_mask)
+                graph = batch_subgraph(part, part.batch_mask, self.num_layers,
+                                       self.group, self.stats)
+                self._features[index] = part.x
             self._graphs[index] = graph
         graph = self._graphs[index]
-        x = self.data.x[graph.data.inner_id] if graph.data.x is None else graph.data.x
+        x = self._features.get(index, self.data.x)[graph.data.inner_id]
         plans = graph.plans
         if self.sampler is not None:
             if index not in self._samplers:

@@ -142,6 +142,7 @@ def _precomputed_propagate(module: MessagePassing, edge_index, size=None, **kwar
 
 def _convert(module: MessagePassing, name: str, ctx: DistContext) -> None:
     if getattr(module, "_dist_ctx", None) is None:  # not converted yet
+        module.register_forward_pre_hook(_trim_input)
         cls = type(module)
         if cls in SUBCLASSES:
             module.__class__ = SUBCLASSES[cls]
@@ -160,6 +161,17 @@ def _convert(module: MessagePassing, name: str, ctx: DistContext) -> None:
                 module.propagate = _overlapped_propagate.__get__(module)
     module._dist_ctx = ctx
     module._dist_key = name
+
+
+def _trim_input(module: MessagePassing, args):
+    r"""Cuts the node rows a layer is given to its plan's inputs when the
+    plan says so (a mini-batch's layers run on shrinking prefixes)."""
+    ctx: DistContext = module._dist_ctx
+    ctx.enter(module._dist_key)
+    x = args[0] if args else None
+    if ctx.plan.trim_input and isinstance(x, Tensor) and x.size(0) > ctx.num_inner:
+        return (x[:ctx.num_inner], ) + tuple(args[1:])
+    return None
 
 
 def _source_args(module: MessagePassing) -> Set[str]:
