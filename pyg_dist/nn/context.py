@@ -199,9 +199,10 @@ class DistContext:
     def _check_rows(self, key: str, x: Tensor) -> None:
         if x.size(0) != self.num_inner:
             raise ValueError(
-                f"Layer '{key}' received {x.size(0)} node rows, but the plan's "
-                f"partition has {self.num_inner} inner nodes: pass the rank's "
-                f"inner rows (e.g. DistData.x, or a batch's x), not the whole graph")
+                f"Layer '{key}' received {x.size(0)} node rows, but this rank "
+                f"owns {self.num_inner} inner nodes (in the plan's partition): pass "
+                f"the rank's inner rows (e.g. DistData.x, or a batch's x), not the "
+                f"whole graph")
 
     def _observe(self, key: str, x_src: Tensor) -> None:
         if self.observers:
