@@ -348,3 +348,12 @@ def batch_sampling_checks(root: str, draws: int = 200):
     return {"error": float((total / draws - exact).abs().max()),
             "scale": float(exact.abs().max()), "rows": rows / draws,
             "needed": graph.plans[0].num_recv, "extra": extra}
+
+
+def gathered_batches(root: str):
+    r"""The loader's own batching (``num_batches=``), and its coverage."""
+    from pyg_dist.loader import CohesiveBatchLoader
+    part = pyg_dist.DistData.load(root, dist.get_rank())
+    loader = CohesiveBatchLoader(part, num_batches=4, num_layers=2, seed=1)
+    seen = torch.cat([part.n_id[:part.num_inner][loader.batch_of == b] for b in range(4)])
+    return {"batch_of": loader.batch_of, "n_id": part.n_id[:part.num_inner], "seen": seen}

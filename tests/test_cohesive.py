@@ -191,3 +191,23 @@ def test_bns_on_a_batch_halo_is_unbiased(tmp_path):
         assert r["extra"] == 0 and r["needed"] > 0
         assert 0.4 * r["needed"] < r["rows"] < 0.6 * r["needed"], r
         assert r["error"] < 0.05 * r["scale"], r
+
+
+def test_loader_batches_the_graph_itself(tmp_path):
+    r"""``CohesiveBatchLoader(data, num_batches=M, num_layers=K)``: the
+    batches of the whole graph, as the single-process partitioner makes
+    them, every training node in exactly one."""
+    import pyg_dist
+    from tests.cache_workers import gathered_batches
+    data, nodes = _community_graph()
+    pyg_dist.partition_graph(data, 2, root=str(tmp_path))
+    cost = CostModel(dims=[data.num_features, 64, int(data.y.max()) + 1])
+    expected = cohesive_batches(HopGraph(data.edge_index, data.num_nodes, cost),
+                                data.edge_index, nodes, 4, seed=1)
+    results = pyg_dist.spawn(gathered_batches, 2, (str(tmp_path), ), timeout=120)
+    seen = torch.cat([r["seen"] for r in results])
+    assert torch.equal(seen.sort().values, nodes)  # each training node once
+    for r in results:
+        position = torch.searchsorted(nodes, r["n_id"]).clamp(max=nodes.numel() - 1)
+        assert torch.equal(r["batch_of"], expected[position]
+                           .where(data.train_mask[r["n_id"]], torch.tensor(-1)))

@@ -4,12 +4,15 @@ import shutil
 from typing import Callable, Dict, Iterator, List, NamedTuple, Optional
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from pyg_dist.comm import HaloPlan
 from pyg_dist.data import DistData
 from pyg_dist.loader.balance import BATCH_PARTS_DIR, load_batch_part
+from pyg_dist.loader.batch_partition import cohesive_batches
 from pyg_dist.loader.batch_plan import BatchGraph, batch_subgraph, sample_layers
+from pyg_dist.loader.cost import CostModel, HopGraph
 from pyg_dist.metrics import CommStats
 from pyg_dist.distributed import sum_over_ranks
 from pyg_dist.partition.book import safe_load
@@ -38,6 +41,35 @@ def load_batches(root: str) -> Tensor:
     return item["batch_of"]
 
 
+def gather_cohesive_batches(data: DistData, num_batches: int, num_layers: int,
+                            seed: int = 0, group=None) -> Tensor:
+    r""":func:`~pyg_dist.loader.cohesive_batches` of the training nodes of
+    the whole graph, computed on rank 0 from every rank's in-edges and
+    training nodes (original ids) and broadcast: the batch of every node
+    (``-1``: none). A collective."""
+    inner = data.n_id[:data.num_inner].cpu()
+    mine = (data.n_id[data.edge_index].cpu(), inner[data.train_mask.cpu()],
+            data.num_features, int(data.y.max()) + 1 if data.y.numel() else 0)
+    root = 0 if group is None else dist.get_global_rank(group, 0)
+    if dist.is_initialized():
+        gathered = [None] * dist.get_world_size(group) if dist.get_rank(group) == 0 else None
+        dist.gather_object(mine, gathered, dst=root, group=group)
+    else:
+        gathered = [mine]
+    batch_of = torch.full((data.num_global_nodes, ), -1, dtype=torch.long)
+    if gathered is not None:
+        edge_index = torch.cat([g[0] for g in gathered], 1)
+        nodes = torch.cat([g[1] for g in gathered]).sort().values
+        classes = max(g[3] for g in gathered)
+        cost = CostModel(dims=[data.num_features] + [64] * (num_layers - 1) + [classes])
+        graph = HopGraph(edge_index, data.num_global_nodes, cost)
+        batch_of[nodes] = cohesive_batches(graph, edge_index, nodes, num_batches, seed=seed)
+    batch_of = batch_of.to(data.n_id.device)
+    if dist.is_initialized():
+        dist.broadcast(batch_of, src=root, group=group)
+    return batch_of
+
+
 class Batch(NamedTuple):
     r"""One mini-batch on this rank: its id, its computational graph as a
     sub-partition (``data``, a :class:`~pyg_dist.DistData`) with its input
@@ -63,8 +95,13 @@ class CohesiveBatchLoader:
     Args:
         data: this rank's partition.
         batch_of: the batch of every node of the whole graph by original id
-            (``-1``: none), e.g. from :func:`~pyg_dist.loader.cohesive_batches`.
+            (``-1``: none), e.g. from :func:`~pyg_dist.loader.cohesive_batches`
+            (``pyg-dist partition --num-batches`` stores it).
         num_layers: :math:`K`, the model's number of message-passing layers.
+        num_batches: without :obj:`batch_of`, split the training nodes into
+            this many cohesive batches now (:func:`gather_cohesive_batches`:
+            the ranks send their edges to rank 0, which batches the whole
+            graph; fine for graphs one process can hold, else precompute).
         seed: the shuffling seed.
         shuffle: shuffle the batch order per epoch.
         balanced_root: the partition directory holding balanced batch
@@ -77,12 +114,21 @@ class CohesiveBatchLoader:
             fresh draw (:func:`~pyg_dist.loader.batch_plan.sample_layers`).
     """
 
-    def __init__(self, data: DistData, batch_of: Tensor, num_layers: int, seed: int = 0,
+    def __init__(self, data: DistData, batch_of: Optional[Tensor] = None,
+                 num_layers: Optional[int] = None, seed: int = 0,
                  shuffle: bool = True, group=None, stats: Optional[CommStats] = None,
                  balanced_root: Optional[str] = None,
-                 sampler: Optional[Callable[[DistData], BoundarySampler]] = None) -> None:
-        if num_layers < 1:
+                 sampler: Optional[Callable[[DistData], BoundarySampler]] = None,
+                 num_batches: Optional[int] = None) -> None:
+        if num_layers is None or num_layers < 1:
             raise ValueError(f"num_layers must be >= 1 (got {num_layers})")
+        if batch_of is None:
+            if num_batches is None:
+                raise ValueError("give batch_of (precomputed batches) or num_batches")
+            batch_of = gather_cohesive_batches(data, num_batches, num_layers, seed, group)
+        elif num_batches is not None and num_batches != int(batch_of.max()) + 1:
+            raise ValueError(f"batch_of holds {int(batch_of.max()) + 1} batches, "
+                             f"not num_batches={num_batches}")
         if batch_of.numel() != data.num_global_nodes:
             raise ValueError(f"batch_of has {batch_of.numel()} entries, the graph "
                              f"{data.num_global_nodes} nodes")
