@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The CPU build of torch (a CUDA build: see README, "GPU").
 TORCH ?= torch==2.13.0
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench bench-env clean
 
 $(BIN)/pyg-dist: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ test: install
 
 bench: install
 	$(BIN)/python benchmarks/overhead.py
+
+# torch-scatter/torch-sparse built from source for the PyG baselines (~30 min, once).
+bench-env:
+	bash benchmarks/bench_env.sh
 
 clean:
 	rm -rf $(VENV) runs *.egg-info

@@ -180,6 +180,8 @@ def _add_dataset_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_partition(args: argparse.Namespace) -> None:
     from pyg_dist.partition import partition_graph
+    if args.balance_batches and not args.num_batches:
+        raise SystemExit("pyg-dist partition: error: --balance-batches needs --num-batches")
     data = _load_dataset(args)
     book = partition_graph(data, args.num_parts, method=args.method,
                            objective=args.objective, root=args.root, seed=args.seed)

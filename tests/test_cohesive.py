@@ -118,6 +118,9 @@ def test_distributed_batches_equal_single_process_pyg(tmp_path, balanced):
         by_owner = [imbalance(rank_costs(graph, (batch_of == b).nonzero().view(-1),
                                          book.owner(book.inv_perm), 3)) for b in range(4)]
         assert max(by_owner) > 1.05  # so the balanced split really moved work
+        from pyg_dist.loader.balance import load_batch_part
+        with pytest.raises(ValueError, match="3-layer computational graphs"):
+            load_batch_part(str(tmp_path), 0, 0, num_layers=4)  # a deeper model
     results = pyg_dist.spawn(cohesive_batch_checks, 3, (str(tmp_path), batch_of, balanced),
                              timeout=180)
     for name in ("GraphSAGE", "GCN", "GAT"):

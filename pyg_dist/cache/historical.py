@@ -169,7 +169,7 @@ class HistoricalCache(HaloCache):
 
     def backward(self, key: str, plan: HaloPlan, grad_halo: Tensor) -> Tensor:
         ctx = self.ctx
-        return return_grads(grad_halo, plan, ctx.num_inner, ctx.group, ctx.stats, key,
+        return return_grads(grad_halo, plan, plan.num_inner, ctx.group, ctx.stats, key,
                             ctx.codec)
 
     def finish(self) -> None:

@@ -171,7 +171,7 @@ class PipelineCache(HaloCache):
             received = self._wait(received)
         if pipe.gradients is not None:
             received = pipe.gradients(received, plan.send_rows())
-        grad = received.new_zeros((ctx.num_inner, ) + tuple(received.shape[1:]))
+        grad = received.new_zeros((plan.num_inner, ) + tuple(received.shape[1:]))
         return grad.index_add_(0, plan.send_index, received)
 
     def finish(self) -> None:

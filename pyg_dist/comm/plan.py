@@ -200,6 +200,9 @@ class HaloPlan:
     def edges(self, value: Tensor) -> Tensor:
         r"""The rows of a per-edge tensor of the partition (e.g.
         ``edge_attr``) that belong to the surviving edges."""
+        if self.trim_input:
+            raise NotImplementedError("per-edge tensors (edge_attr, edge_weight) on "
+                                      "mini-batch plans")
         return value if self.is_exact else value[self.compact().edge_id]
 
     def edge_weight(self, aggr: Optional[str]) -> Optional[Tensor]:

@@ -103,7 +103,8 @@ def save_batch_parts(root: str, data: Data, graph: HopGraph, batch_of: Tensor,
         for r, item in enumerate(parts):
             original = nodes[item["n_id"]]
             item.update(n_id=original, deg_in=deg_in[original], has_loop=has_loop[original],
-                        batch=b, graph_hash=graph_hash)
+                        batch_index=b, num_layers=graph.cost.num_layers,
+                        graph_hash=graph_hash)
             torch.save(item, batch_part_file(root, b, r))
     return loads
 
@@ -116,9 +117,10 @@ def has_batch_parts(root: str) -> bool:
     return osp.isdir(osp.join(root, BATCH_PARTS_DIR))
 
 
-def load_batch_part(root: str, batch: int, rank: int) -> DistData:
+def load_batch_part(root: str, batch: int, rank: int, num_layers: int) -> DistData:
     r"""The part :func:`save_batch_parts` wrote for :obj:`batch` and
-    :obj:`rank`, checked against the partitioning in :obj:`root`."""
+    :obj:`rank`, checked against the partitioning in :obj:`root` and the
+    depth of the model that will run it."""
     meta = read_meta(root)
     num_parts = meta["num_parts"]
     path = batch_part_file(root, batch, rank)
@@ -127,11 +129,15 @@ def load_batch_part(root: str, batch: int, rank: int) -> DistData:
                                 f"pyg-dist partition --num-batches M --balance-batches")
     item = safe_load(path)
     if not isinstance(item, dict) or item.get("format_version") != FORMAT_VERSION \
-            or item.get("num_parts") != num_parts or item.get("batch") != batch \
-            or item.get("graph_hash") != meta["graph_hash"]:
-        raise RuntimeError(f"'{path}' is not batch {batch} of the {num_parts}-part "
-                           f"partitioning in '{root}' (re-run pyg-dist partition "
-                           f"--balance-batches)")
+            or item.get("num_parts") != num_parts or item.get("batch_index") != batch \
+            or item.get("rank") != rank or item.get("graph_hash") != meta["graph_hash"]:
+        raise RuntimeError(f"'{path}' is not rank {rank}'s part of batch {batch} of the "
+                           f"{num_parts}-part partitioning in '{root}' (re-run pyg-dist "
+                           f"partition --balance-batches)")
+    if item["num_layers"] < num_layers:
+        raise ValueError(f"'{path}' holds {item['num_layers']}-layer computational graphs, "
+                         f"the model has {num_layers} layers: re-run pyg-dist partition "
+                         f"--balance-batches --batch-layers {num_layers}")
     data = DistData(**item)
     data.num_nodes = data.num_inner
     data.num_global_nodes = meta["num_nodes"]

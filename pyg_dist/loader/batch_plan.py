@@ -47,19 +47,6 @@ def walk_layers(data: DistData, targets: Tensor, num_layers: int, group=None,
     return layers[::-1], active
 
 
-def batch_plans(data: DistData, targets: Tensor, num_layers: int, group=None,
-                stats: Optional[CommStats] = None) -> List[HaloPlan]:
-    r"""One :class:`~pyg_dist.comm.HaloPlan` per layer, over the whole
-    partition, for the mini-batch whose inner nodes on this rank are
-    :obj:`targets` (a mask over the inner nodes; the batch's nodes on other
-    ranks are theirs). Exact: every kept target aggregates all its
-    in-edges, unscaled. :func:`batch_subgraph` is the same graph on the
-    batch's own sub-partition."""
-    layers, _ = walk_layers(data, targets, num_layers, group, stats)
-    return [HaloPlan.sampled(data, s.send_keep, s.halo_keep, edge_keep=s.edge_keep)
-            for s in layers]
-
-
 class BatchGraph(NamedTuple):
     r"""A batch's computational graph on this rank: :obj:`data` is the
     sub-partition of the nodes it touches (a :class:`~pyg_dist.DistData`
@@ -85,11 +72,14 @@ def batch_subgraph(data: DistData, targets: Tensor, num_layers: int, group=None,
     layer below it adds, down to the nodes only read as input features. So
     each layer's inputs are a prefix of the rows, and layer :math:`\ell`
     runs on a partition of its own (a *view*: the first rows its targets
-    and local sources need, the shared halo, its own edges): its dense
-    transforms touch those rows only, and its output, cut to the next
-    layer's prefix as that layer starts (``HaloPlan.trim_input``), is the
-    next layer's input. The model's output has one row per input row of
-    the last layer, the batch's nodes first.
+    and local sources need, the shared halo, its own edges): it computes
+    one row per input row (dense transforms included), and the next layer
+    keeps the prefix it needs as it starts (``HaloPlan.trim_input``; the
+    layers must form a chain, as PyG's ``BasicGNN`` without ``jk``). The
+    model's output has one row per input row of the last layer, the
+    batch's nodes first; rows past the batch are not meaningful. Give the
+    model ``graph.data.adj_t`` as its graph; per-edge tensors are not
+    supported.
 
     ``x`` is not stored (take ``parent.x[graph.data.inner_id]``), so caching
     every batch's graph costs indices only."""

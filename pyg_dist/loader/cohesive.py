@@ -163,7 +163,8 @@ class CohesiveBatchLoader:
                 graph = batch_subgraph(self.data, self.batch_of == index, self.num_layers,
                                        self.group, self.stats)
             else:  # the batch's balanced part holds the rows this rank computes
-                part = load_batch_part(self.balanced_root, index, self.data.rank)
+                part = load_batch_part(self.balanced_root, index, self.data.rank,
+                                       self.num_layers).to(self.data.n_id.device)
                 graph = batch_subgraph(part, part.batch_mask, self.num_layers,
                                        self.group, self.stats)
                 self._features[index] = part.x
