@@ -18,7 +18,6 @@ if [ ! -f /usr/include/metis.h ]; then
 fi
 
 # 1. venv + pinned CPU torch (never unpinned torch: that pulls a CUDA build)
-#    (the venv is rebuilt in place; this script lives inside it, so keep a copy)
 python3 -m venv --clear "$ENV"
 "$PIP" install -q torch==2.13.0
 "$PIP" install -q torch-geometric numpy pymetis ogb tqdm matplotlib setuptools wheel ninja
