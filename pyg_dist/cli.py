@@ -184,6 +184,7 @@ def cmd_partition(args: argparse.Namespace) -> None:
         raise SystemExit("pyg-dist partition: error: --balance-batches needs --num-batches")
     data = _load_dataset(args)
     book = partition_graph(data, args.num_parts, method=args.method,
+                           block_hops=args.block_hops,
                            objective=args.objective, root=args.root, seed=args.seed)
     print(book.summary())
     print(f"wrote {args.num_parts} partitions to {args.root}")
@@ -254,7 +255,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     p = sub.add_parser("partition", help="partition a dataset into per-rank files")
     _add_dataset_args(p)
     p.add_argument("--num-parts", type=int, required=True)
-    p.add_argument("--method", default="metis", choices=["metis", "random"])
+    p.add_argument("--method", default="metis", choices=["metis", "random", "block"])
+    p.add_argument("--block-hops", type=int, default=2,
+                   help="--method block: hops of the neighbourhood blocks (ByteGNN)")
     p.add_argument("--objective", default="vol", choices=["vol", "cut"])
     p.add_argument("--root", required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0)

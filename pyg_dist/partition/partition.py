@@ -8,9 +8,10 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from pyg_dist.partition.book import FORMAT_VERSION, PartitionBook, part_file
+from pyg_dist.partition.block import block_assignment
 from pyg_dist.partition.metis import OBJECTIVES, metis_assignment, random_assignment
 
-METHODS = ("metis", "random")
+METHODS = ("metis", "random", "block")
 DEFAULT_BALANCE = ("train_mask", "val_mask", "test_mask")
 
 
@@ -60,6 +61,7 @@ def partition_graph(
     balance: Sequence[str] = DEFAULT_BALANCE,
     root: Optional[str] = None,
     seed: int = 0,
+    block_hops: int = 2,
 ) -> PartitionBook:
     r"""Partitions :obj:`data` into :obj:`num_parts` parts for
     partition-parallel training and, if :obj:`root` is given, writes
@@ -74,6 +76,12 @@ def partition_graph(
     (``"cut"``) on the symmetrised graph, while balancing the node count and
     every mask named in :obj:`balance` (DistDGL's multi-constraint balance).
 
+    ``method="block"`` is ByteGNN's GNN-aware partitioner
+    (:mod:`~pyg_dist.partition.block`): :obj:`block_hops`-hop blocks around
+    the nodes of the :obj:`balance` masks, assigned to keep blocks'
+    neighbourhoods together and those masks balanced (mini-batch sampling
+    then stays mostly local).
+
     Directed graphs are accepted: METIS sees the symmetrised structure, and
     message passing follows the edge directions as given. Missing masks
     named in :obj:`balance` raise; pass ``balance=()`` to balance node counts
@@ -83,11 +91,18 @@ def partition_graph(
     _validate(data, num_parts, method, objective, balance)
     num_nodes, edge_index = data.num_nodes, data.edge_index
 
+    masks = torch.stack([getattr(data, key).view(-1).bool() for key in balance],
+                        1) if balance else None
     if method == "metis":
-        masks = torch.stack([getattr(data, key).view(-1).bool() for key in balance],
-                            1) if balance else None
         assignment = metis_assignment(edge_index, num_nodes, num_parts, objective,
                                       masks, seed)
+    elif method == "block":
+        if masks is None:
+            raise ValueError("method 'block' builds blocks around the nodes of the "
+                             "balance masks (e.g. train/val/test): balance is empty")
+        if block_hops < 0:
+            raise ValueError(f"block_hops must be >= 0 (got {block_hops})")
+        assignment = block_assignment(edge_index, num_nodes, masks, num_parts, block_hops)
     else:
         assignment = random_assignment(num_nodes, num_parts, seed)
 
@@ -107,6 +122,7 @@ def partition_graph(
         "num_parts": num_parts, "method": method,
         "objective": objective if method == "metis" else None,
         "balance": list(balance), "seed": seed,
+        "block_hops": block_hops if method == "block" else None,
         "num_nodes": num_nodes, "num_edges": int(edge_index.size(1)),
         "num_features": int(data.x.size(1)) if data.x is not None else 0,
         "num_classes": num_classes,
