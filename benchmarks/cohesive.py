@@ -52,8 +52,7 @@ import pyg_dist  # noqa: E402
 from pyg_dist.datasets import load_default  # noqa: E402
 from pyg_dist.loader import (CostModel, HopGraph, cohesive_batches,  # noqa: E402
                              random_batches, save_batches)
-from pyg_dist.loader.balance import (balance_work, computational_graph,  # noqa: E402
-                                     save_batch_parts)
+from pyg_dist.loader.balance import save_batch_parts, split_batch  # noqa: E402
 from pyg_dist.loader.cost import imbalance, rank_costs  # noqa: E402
 from pyg_dist.partition import PartitionBook  # noqa: E402
 
@@ -69,15 +68,13 @@ def balanced_loads(graph: HopGraph, nodes: torch.Tensor, batch_of: torch.Tensor,
                    owner: torch.Tensor, parts: int) -> List[torch.Tensor]:
     r"""Per batch, the per-rank work of the balanced split (as
     ``save_batch_parts`` computes it, without writing anything)."""
-    loads = []
-    for b in range(int(batch_of.max()) + 1):
-        order, work = computational_graph(graph, nodes[batch_of == b])
-        rank = balance_work(work, owner[order], parts)
-        loads.append(torch.zeros(parts, dtype=torch.double).index_add_(0, rank, work.double()))
-    return loads
+    return [split_batch(graph, nodes[batch_of == b], owner, parts)[3]
+            for b in range(int(batch_of.max()) + 1)]
 
 
-def costs(data, book, parts: int, num_batches: List[int], seed: int) -> List[Dict[str, Any]]:
+def costs(data, book, parts: int, num_batches: List[int], seed: int,
+          made: Dict[int, torch.Tensor]) -> List[Dict[str, Any]]:
+    r"""The cost table; the cohesive batches of each M go into :obj:`made`."""
     graph = HopGraph(data.edge_index, data.num_nodes, cost_model(data))
     nodes = data.train_mask.nonzero().view(-1)
     owner = book.owner(book.inv_perm)
@@ -86,6 +83,7 @@ def costs(data, book, parts: int, num_batches: List[int], seed: int) -> List[Dic
         start = time.perf_counter()
         cohesive = cohesive_batches(graph, data.edge_index, nodes, m, seed=seed)
         seconds = time.perf_counter() - start
+        made[m] = cohesive
         rand = random_batches(nodes.numel(), m, seed)
         row = {"M": m, "seconds": seconds,
                "J_cohesive": graph.partition_cost(cohesive, nodes),
@@ -105,13 +103,15 @@ def costs(data, book, parts: int, num_batches: List[int], seed: int) -> List[Dic
 
 
 def batch_roots(workdir: str, parts_root: str, data, book, parts: int, m: int,
-                seed: int) -> Dict[str, str]:
+                seed: int, made: Dict[int, torch.Tensor]) -> Dict[str, str]:
     r"""A partition directory per batching: the same part files, its own
-    ``batches.pt`` (and balanced batch parts)."""
+    ``batches.pt`` (and balanced batch parts); cohesive batches already in
+    :obj:`made` are reused."""
     graph = HopGraph(data.edge_index, data.num_nodes, cost_model(data))
     nodes = data.train_mask.nonzero().view(-1)
-    assignments = {"cohesive": cohesive_batches(graph, data.edge_index, nodes, m, seed=seed),
-                   "random": random_batches(nodes.numel(), m, seed)}
+    if m not in made:
+        made[m] = cohesive_batches(graph, data.edge_index, nodes, m, seed=seed)
+    assignments = {"cohesive": made[m], "random": random_batches(nodes.numel(), m, seed)}
     roots = {}
     for label, assignment in assignments.items():
         for balanced in (False, True):
@@ -259,11 +259,12 @@ def main() -> None:
         save(args, [results], started, targets(results["costs"], results["runs"]))
 
     print("cost of the batches (J(P), Eq. 14):", flush=True)
-    results["costs"] = costs(data, book, args.parts, args.costs, args.seed)
+    made: Dict[int, torch.Tensor] = {}  # cohesive batches per M, computed once
+    results["costs"] = costs(data, book, args.parts, args.costs, args.seed, made)
     checkpoint()
 
     roots = batch_roots(args.workdir, parts_root, data, book, args.parts, args.num_batches,
-                        args.seed)
+                        args.seed, made)
     with network_for(args.parts, parse_link("loopback")) as net:
         for label, root in roots.items():
             out = osp.join(args.workdir, "runs", f"M{args.num_batches}-{label}")

@@ -76,16 +76,23 @@ class DistData(Data):
         if not osp.exists(path):
             raise FileNotFoundError(f"Partition file '{path}' is missing "
                                     f"(meta.json lists {num_parts} parts)")
+        return cls.read(path, root, meta, rank=rank)
+
+    @classmethod
+    def read(cls, path: str, root: str, meta: dict, **expected) -> "DistData":
+        r"""The part file :obj:`path` of the partitioning in :obj:`root`
+        (whose ``meta.json`` is :obj:`meta`), refused unless its format
+        version, graph hash, part count and the :obj:`expected` keys match."""
         item = safe_load(path)
         if not isinstance(item, dict):
             raise RuntimeError(f"'{path}' is not a pyg_dist partition file")
-        for key, expected in (("format_version", FORMAT_VERSION),
-                              ("graph_hash", meta["graph_hash"]),
-                              ("num_parts", num_parts), ("rank", rank)):
-            if item.get(key) != expected:
+        for key, value in (("format_version", FORMAT_VERSION),
+                           ("graph_hash", meta["graph_hash"]),
+                           ("num_parts", meta["num_parts"]), *expected.items()):
+            if item.get(key) != value:
                 raise RuntimeError(
                     f"'{path}' does not match '{osp.join(root, 'meta.json')}': "
-                    f"{key} is {item.get(key)!r}, expected {expected!r} "
+                    f"{key} is {item.get(key)!r}, expected {value!r} "
                     f"(files from different partitionings mixed?)")
         data = cls(**item)
         data.num_nodes = data.num_inner

@@ -1,5 +1,6 @@
 """The differentiable halo exchange."""
 import math
+from contextlib import nullcontext
 from typing import Callable, List, Optional
 
 import torch
@@ -183,13 +184,10 @@ def start_halo_exchange(x: Tensor, plan: HaloPlan, group=None,
     r""":func:`halo_exchange` split in two: the rows leave now, and the
     returned function waits for this rank's halo rows (differentiably, as
     :func:`halo_exchange`), so the caller can compute in between."""
-    if stats is None:
+    with stats.timer("comm") if stats is not None else nullcontext():
         pending = start_exchange(x.detach().index_select(0, plan.send_index),
                                  plan.send_counts, plan.recv_counts, group, codec)
-    else:
-        with stats.timer("comm"):
-            pending = start_exchange(x.detach().index_select(0, plan.send_index),
-                                     plan.send_counts, plan.recv_counts, group, codec)
+    if stats is not None:
         stats.add_bytes(key, plan.num_send * pending.row_bytes,
                         plan.num_recv * pending.row_bytes)
     return lambda: _AwaitedExchange.apply(x, pending, plan, group, stats, key, codec)

@@ -11,7 +11,7 @@ from torch_geometric.data import Data
 
 from pyg_dist.data import DistData
 from pyg_dist.loader.cost import HopGraph
-from pyg_dist.partition.book import FORMAT_VERSION, read_meta, safe_load
+from pyg_dist.partition.book import read_meta
 from pyg_dist.partition.partition import build_parts
 
 BATCH_PARTS_DIR = "batch_parts"
@@ -64,6 +64,17 @@ def balance_work(work: Tensor, owner: Tensor, num_parts: int,
     return rank
 
 
+def split_batch(graph: HopGraph, batch: Tensor, owner: Tensor, num_parts: int,
+                tolerance: float = 0.05) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    r"""The nodes of :obj:`batch`'s computational graph (BFS order), their
+    work, the rank that computes each (:func:`balance_work`; :obj:`owner`
+    over the whole graph) and each rank's total work."""
+    nodes, work = computational_graph(graph, batch)
+    rank = balance_work(work, owner[nodes], num_parts, tolerance)
+    load = torch.zeros(num_parts, dtype=torch.double).index_add_(0, rank, work.double())
+    return nodes, work, rank, load
+
+
 def save_batch_parts(root: str, data: Data, graph: HopGraph, batch_of: Tensor,
                      owner: Tensor, num_parts: int, graph_hash: str,
                      tolerance: float = 0.05) -> List[Tensor]:
@@ -86,10 +97,8 @@ def save_batch_parts(root: str, data: Data, graph: HopGraph, batch_of: Tensor,
     loads = []
     for b in range(int(batch_of.max()) + 1):
         batch = (batch_of == b).nonzero().view(-1)
-        nodes, work = computational_graph(graph, batch)
-        rank = balance_work(work, owner[nodes], num_parts, tolerance)
-        loads.append(torch.zeros(num_parts, dtype=torch.double).index_add_(
-            0, rank, work.double()))
+        nodes, work, rank, load = split_batch(graph, batch, owner, num_parts, tolerance)
+        loads.append(load)
         local = torch.full((data.num_nodes, ), -1, dtype=torch.long)
         local[nodes] = torch.arange(nodes.numel())
         computes = torch.zeros(data.num_nodes, dtype=torch.bool)
@@ -121,25 +130,13 @@ def load_batch_part(root: str, batch: int, rank: int, num_layers: int) -> DistDa
     r"""The part :func:`save_batch_parts` wrote for :obj:`batch` and
     :obj:`rank`, checked against the partitioning in :obj:`root` and the
     depth of the model that will run it."""
-    meta = read_meta(root)
-    num_parts = meta["num_parts"]
     path = batch_part_file(root, batch, rank)
     if not osp.exists(path):
         raise FileNotFoundError(f"'{path}' is missing: write the balanced batches with "
                                 f"pyg-dist partition --num-batches M --balance-batches")
-    item = safe_load(path)
-    if not isinstance(item, dict) or item.get("format_version") != FORMAT_VERSION \
-            or item.get("num_parts") != num_parts or item.get("batch_index") != batch \
-            or item.get("rank") != rank or item.get("graph_hash") != meta["graph_hash"]:
-        raise RuntimeError(f"'{path}' is not rank {rank}'s part of batch {batch} of the "
-                           f"{num_parts}-part partitioning in '{root}' (re-run pyg-dist "
-                           f"partition --balance-batches)")
-    if item["num_layers"] < num_layers:
-        raise ValueError(f"'{path}' holds {item['num_layers']}-layer computational graphs, "
+    data = DistData.read(path, root, read_meta(root), rank=rank, batch_index=batch)
+    if data.num_layers < num_layers:
+        raise ValueError(f"'{path}' holds {data.num_layers}-layer computational graphs, "
                          f"the model has {num_layers} layers: re-run pyg-dist partition "
                          f"--balance-batches --batch-layers {num_layers}")
-    data = DistData(**item)
-    data.num_nodes = data.num_inner
-    data.num_global_nodes = meta["num_nodes"]
-    data.adj_t = data.csr_adj_t()
     return data

@@ -287,12 +287,9 @@ class DistContext:
                                        add_self_loops, dtype, sort=True)
                 plan.cache[("gcn_norm", key)] = _scaled_norm(norm, plan, dtype)
             return plan.cache[("gcn_norm", key)], None
-        norm = self._gcn_cache.get(key) if edge_weight is None else None
-        if norm is None:
-            norm = self._normalise(self.data, self.data.edge_index, edge_weight, improved,
-                                   add_self_loops, dtype, sort=True)
-            if edge_weight is None:
-                self._gcn_cache[key] = norm
+        norm = (self._partition_norm(*key) if edge_weight is None else
+                self._normalise(self.data, self.data.edge_index, edge_weight, improved,
+                                add_self_loops, dtype, sort=True))
         if plan.is_exact:
             return norm.adj_t, None
         if edge_weight is None and ("gcn_norm", key) in plan.cache:
@@ -301,6 +298,15 @@ class DistContext:
         if edge_weight is None:
             plan.cache[("gcn_norm", key)] = adj_t
         return adj_t, None
+
+    def _partition_norm(self, improved: bool, add_self_loops: bool,
+                        dtype: torch.dtype) -> GCNNorm:
+        r"""The GCN norm of the partition's own graph (unweighted), cached."""
+        key = (improved, add_self_loops, dtype)
+        if key not in self._gcn_cache:
+            self._gcn_cache[key] = self._normalise(self.data, self.data.edge_index, None,
+                                                   improved, add_self_loops, dtype, sort=True)
+        return self._gcn_cache[key]
 
     def _normalise(self, data: DistData, edge_index: Tensor, edge_weight: Optional[Tensor],
                    improved: bool, add_self_loops: bool, dtype: torch.dtype,
@@ -328,12 +334,7 @@ class DistContext:
             if add_self_loops:
                 deg = deg + (~data.has_loop).to(dtype) * (2.0 if improved else 1.0)
         elif data is not self.data:
-            key = (improved, add_self_loops, dtype)
-            if key not in self._gcn_cache:
-                self._gcn_cache[key] = self._normalise(
-                    self.data, self.data.edge_index, None, improved, add_self_loops, dtype,
-                    sort=True)
-            deg = self._gcn_cache[key].deg[
+            deg = self._partition_norm(improved, add_self_loops, dtype).deg[
                 torch.cat([data.inner_id, self.data.num_inner + data.halo_id])]
         else:
             deg = weight.new_zeros(num_inner).scatter_add_(0, dst, weight)
