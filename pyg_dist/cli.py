@@ -32,11 +32,32 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                    help="seconds a rank waits for a peer before failing")
     p.add_argument("--exchange-dtype", choices=list(CODECS), default=d.exchange_dtype,
                    help="how halo rows and gradients travel (int8: per-row scale)")
-    p.add_argument("--loader", choices=["full", "cohesive"], default=d.loader,
-                   help="full-graph epochs, or CM-GCN cohesive mini-batches (needs "
-                        "partition --num-batches)")
+    p.add_argument("--loader", choices=["full", "cohesive", "neighbor"], default=d.loader,
+                   help="full-graph epochs, CM-GCN cohesive mini-batches (needs "
+                        "partition --num-batches) or DistDGL neighbour-sampled "
+                        "mini-batches")
+    g = p.add_argument_group("neighbour loader (--loader neighbor)")
+    g.add_argument("--fanout", type=_fanout, default=d.fanout,
+                   help="neighbours sampled per hop, one per layer, -1 for all "
+                        "(default 15,10,5)")
+    g.add_argument("--batch-size", type=int, default=d.batch_size,
+                   help="seed nodes per rank and step")
+    g.add_argument("--sampler-workers", type=int, default=d.sampler_workers,
+                   help="background workers sampling batches ahead of the trainer "
+                        "(ByteGNN pipelining; 0: sample in the training loop)")
+    g.add_argument("--fixed-depth", action="store_true",
+                   help="keep every worker busy instead of adapting how many batches "
+                        "are sampled ahead")
     _add_sampler_args(p)
     _add_cache_args(p)
+
+
+def _fanout(text: str) -> List[int]:
+    try:
+        return [int(k) for k in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"fan-outs are integers separated by commas, "
+                                         f"e.g. 15,10,5 (got '{text}')")
 
 
 def _add_cache_args(p: argparse.ArgumentParser) -> None:
@@ -55,7 +76,8 @@ def _add_cache_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bound", default=None,
                    help="historical: fixed:E | adaptive:A | gap:H (default adaptive:1)")
     g.add_argument("--feature-cache", choices=POLICIES, default=None,
-                   help="keep input features of halo nodes (PSC-GCN: inclusion)")
+                   help="keep input features of halo nodes (PSC-GCN: inclusion; "
+                        "--loader neighbor: degree, the hottest remote rows)")
     g.add_argument("--feature-cache-capacity", default="25%",
                    help="rows, a share of halo rows (25%%) or a size (8MB)")
     g.add_argument("--no-background-sampling", action="store_true",
@@ -127,7 +149,9 @@ def _config(args: argparse.Namespace):
                        cache_args=cache_args, feature_cache=args.feature_cache,
                        feature_cache_capacity=args.feature_cache_capacity,
                        background_sampling=not args.no_background_sampling,
-                       loader=args.loader, overlap=args.overlap)
+                       loader=args.loader, overlap=args.overlap, fanout=args.fanout,
+                       batch_size=args.batch_size, sampler_workers=args.sampler_workers,
+                       adaptive_depth=not args.fixed_depth)
 
 
 def run_training(root: str, config, out: Optional[str], nproc: Optional[int] = None,

@@ -138,6 +138,19 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
     return [pickle.loads(outcome[r][1]) for r in range(nprocs)]
 
 
+def new_gloo_group():
+    r"""A new gloo group of every rank (CPU collectives, also beside an NCCL
+    world, and traffic apart from the default group's), with the default
+    group's timeout so a dead peer fails it as fast."""
+    timeout = timedelta(seconds=DEFAULT_TIMEOUT)
+    try:
+        device = torch.device("cuda" if dist.get_backend() == "nccl" else "cpu")
+        timeout = dist.group.WORLD._get_backend(device).options._timeout
+    except (AttributeError, RuntimeError):  # private API: keep the default
+        pass
+    return dist.new_group(backend="gloo", timeout=timeout)
+
+
 def sum_over_ranks(t: Tensor) -> Tensor:
     r"""In-place sum of :obj:`t` over the default group's ranks."""
     if dist.is_initialized() and dist.get_world_size() > 1:

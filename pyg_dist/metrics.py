@@ -30,6 +30,14 @@ class CommStats:
     def count(self, key: str, amount: float) -> None:
         self.counts[key] += amount
 
+    def merge(self, other: "CommStats") -> None:
+        r"""Adds every counter of :obj:`other` (e.g. one mini-batch's) to these."""
+        for mine, theirs in ((self.bytes_sent, other.bytes_sent),
+                             (self.bytes_recv, other.bytes_recv), (self.time, other.time),
+                             (self.counts, other.counts)):
+            for key, value in theirs.items():
+                mine[key] += value
+
     @contextmanager
     def timer(self, key: str) -> Iterator[None]:
         start = time.perf_counter()

@@ -54,8 +54,14 @@ class TrainConfig:
     feature_cache_capacity: str = "25%"
     # Draw plans in a background thread when the cache exchanges ahead (CPU).
     background_sampling: bool = True
-    loader: str = "full"  # full-graph epochs, or "cohesive" (CM-GCN mini-batches)
+    loader: str = "full"  # full-graph epochs, "cohesive" (CM-GCN) or "neighbor" (DistDGL)
     overlap: bool = False  # interior targets aggregate while the halo rows travel
+    # loader "neighbor": fan-out per hop (-1: all), seeds per rank and step,
+    # background sampling workers (0: in the loop) and their adaptive depth.
+    fanout: List[int] = field(default_factory=lambda: [15, 10, 5])
+    batch_size: int = 1024
+    sampler_workers: int = 0
+    adaptive_depth: bool = True
 
     def validate(self) -> None:
         if self.model not in MODELS:
@@ -73,13 +79,32 @@ class TrainConfig:
         check_cache(self.cache, self.cache_args)
         if self.feature_cache is not None:
             FeatureCache.check(self.feature_cache, self.feature_cache_capacity)
-        if self.loader not in ("full", "cohesive"):
-            raise ValueError(f"Unknown loader '{self.loader}' (full, cohesive)")
+        if self.loader not in ("full", "cohesive", "neighbor"):
+            raise ValueError(f"Unknown loader '{self.loader}' (full, cohesive, neighbor)")
+        if self.loader == "neighbor":
+            self._validate_neighbor()
         if self.loader == "cohesive" and (self.sampler == "vr" or self.cache != "exact"
                                           or self.feature_cache or self.precompute_layer0):
             raise ValueError("loader 'cohesive' runs mini-batches with fresh halo rows: "
                              "caches, the vr sampler (it learns per layer over the whole "
                              "partition) and precompute_layer0 do not combine with it")
+
+    def _validate_neighbor(self) -> None:
+        if len(self.fanout) != self.num_layers:
+            raise ValueError(f"fanout has {len(self.fanout)} hops but the model has "
+                             f"{self.num_layers} layers: give one fan-out per layer")
+        if any(k == 0 or k < -1 for k in self.fanout):
+            raise ValueError(f"fan-outs must be >= 1 or -1 (all) (got {self.fanout})")
+        if self.batch_size < 1 or self.sampler_workers < 0:
+            raise ValueError(f"batch_size must be >= 1 and sampler_workers >= 0 "
+                             f"(got {self.batch_size}, {self.sampler_workers})")
+        if (self.sampler != "full" or self.cache != "exact" or self.precompute_layer0
+                or self.overlap or self.exchange_dtype != "fp32"
+                or self.feature_cache not in (None, "degree")):
+            raise ValueError("loader 'neighbor' samples whole neighbourhoods from the owners: "
+                             "halo samplers, caches, precompute_layer0, overlap and "
+                             "exchange_dtype do not apply; its feature cache is "
+                             "'degree' (hot remote rows)")
 
 
 def build_model(config: TrainConfig, in_channels: int, out_channels: int) -> torch.nn.Module:
@@ -146,6 +171,9 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     """
     config.validate()
     pyg_dist.init()
+    if config.loader == "neighbor":
+        from pyg_dist.train_neighbor import train_neighbor
+        return train_neighbor(root, config, out_dir)
     rank, world = dist.get_rank(), dist.get_world_size()
     device = pyg_dist.device()
     data = pyg_dist.DistData.load(root, rank).to(device)

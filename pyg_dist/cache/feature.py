@@ -30,6 +30,19 @@ def parse_capacity(capacity: Union[int, str]) -> Tuple[float, str]:
     return number, unit
 
 
+def capacity_rows(capacity: Union[int, str], num_halo: int, row_bytes: int) -> int:
+    r"""How many of :obj:`num_halo` rows of :obj:`row_bytes` bytes a cache
+    of :obj:`capacity` (see :func:`parse_capacity`) holds."""
+    number, unit = parse_capacity(capacity)
+    if unit == "%":
+        rows = number / 100 * num_halo
+    elif unit:
+        rows = number * _UNITS[unit] / row_bytes
+    else:
+        rows = number
+    return min(int(rows), num_halo)
+
+
 class _Generation(NamedTuple):
     r"""One choice of cached rows: the halo rows this rank caches, the send
     rows its peers cache, and the cached values."""
@@ -81,15 +94,8 @@ class FeatureCache:
         self.ctx, self.sampler = ctx, sampler
 
     def num_rows(self, x: Tensor) -> int:
-        num_halo = self.ctx.data.num_halo
-        number, unit = parse_capacity(self.capacity)
-        if unit == "%":
-            rows = number / 100 * num_halo
-        elif unit:
-            rows = number * _UNITS[unit] / (x[0].numel() * x.element_size())
-        else:
-            rows = number
-        return min(int(rows), num_halo)
+        return capacity_rows(self.capacity, self.ctx.data.num_halo,
+                             x[0].numel() * x.element_size())
 
     def scores(self) -> Tensor:
         r"""Per halo row: higher is cached first."""

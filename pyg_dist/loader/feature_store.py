@@ -1,0 +1,96 @@
+r"""DistDGL's distributed key-value store for node data, on collectives."""
+from typing import Dict, Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+from pyg_dist.cache.feature import capacity_rows
+from pyg_dist.comm.request import OwnerRequest, owner_of
+from pyg_dist.data import DistData
+from pyg_dist.metrics import CommStats
+
+class DistFeatureStore:
+    r"""Node data of the whole graph, each row stored once on its owner
+    (DistDGL §4.1.3). :meth:`pull` returns the rows of any relabelled global
+    ids: rows this rank owns are read from its partition directly, the others
+    are requested from their owners with one ``all_to_all`` of ids and one of
+    rows per key.
+
+    Keys: ``x`` (features), ``y`` (labels) and ``n_id`` (original node ids)
+    of the inner nodes of :obj:`data`.
+
+    With :obj:`cache_capacity` (rows, a share of the halo rows such as
+    ``"25%"``, or a size such as ``"8MB"``), the rank keeps a copy of the
+    hottest remote rows: the halo nodes that feed the most of its in-edges,
+    i.e. the remote nodes its own seeds sample first. They are filled once,
+    by one collective :meth:`pull` over :obj:`group` when the store is built,
+    and served locally afterwards (``cache_hits`` / ``cache_lookups`` in a
+    pull's stats). Node data is static, so a cached row never goes stale.
+
+    :meth:`pull` is collective over its group: every rank calls it, in the
+    same order, with its own ids.
+    """
+
+    KEYS = ("x", "y", "n_id")
+
+    def __init__(self, data: DistData, cache_capacity: Union[int, str] = 0,
+                 group=None) -> None:
+        self.partptr = data.partptr.cpu()
+        self.start = int(self.partptr[data.rank])
+        self.rank = data.rank
+        # Held on the CPU, as DistDGL's KVStore: the group is gloo's.
+        self.tensors: Dict[str, Tensor] = {
+            "x": data.x.cpu(), "y": data.y.cpu(), "n_id": data.n_id[:data.num_inner].cpu()}
+        self.cached_ids = torch.empty(0, dtype=torch.long)
+        self.cached: Dict[str, Tensor] = {}
+        hot = self._hottest_halo(data, cache_capacity)
+        pulled = self.pull(hot, self.KEYS, group)  # collective: every rank fills at once
+        self.cached_ids, order = hot.sort()
+        self.cached = {key: rows[order] for key, rows in pulled.items()}
+
+    def _hottest_halo(self, data: DistData, capacity: Union[int, str]) -> Tensor:
+        rows = capacity_rows(capacity, data.num_halo,
+                             data.x[0].numel() * data.x.element_size())
+        src = data.edge_index[0].cpu()
+        feeds = torch.bincount(src[src >= data.num_inner] - data.num_inner,
+                               minlength=data.num_halo)
+        hottest = torch.argsort(feeds, descending=True, stable=True)[:rows]
+        return data.global_id[data.num_inner + hottest].cpu()
+
+    @property
+    def num_cached(self) -> int:
+        return self.cached_ids.numel()
+
+    def pull(self, ids: Tensor, keys: Sequence[str] = ("x", ), group=None,
+             stats: Optional[CommStats] = None) -> Dict[str, Tensor]:
+        r"""The rows of the relabelled global :obj:`ids` for each key in
+        :obj:`keys`, in the order of :obj:`ids` (CPU tensors), requested over
+        :obj:`group`; bytes and cache hits counted in :obj:`stats`."""
+        ids = ids.cpu()
+        owner = owner_of(ids, self.partptr)
+        local = owner == self.rank
+        slot = self._cache_slots(ids[~local])
+        remote = (~local).nonzero().view(-1)
+        hit, miss = remote[slot >= 0], remote[slot < 0]
+        if stats is not None:
+            stats.count("cache_hits", hit.numel())
+            stats.count("cache_lookups", remote.numel())  # every remote row asked for
+        request = OwnerRequest(ids[miss], owner[miss], group, stats, "features")
+        served = request.received - self.start
+        out = {}
+        for key in keys:
+            table = self.tensors[key]
+            rows = table.new_empty((ids.numel(), ) + tuple(table.shape[1:]))
+            rows[local] = table[ids[local] - self.start]
+            if hit.numel():
+                rows[hit] = self.cached[key][slot[slot >= 0]]
+            rows[miss[request.order]] = request.reply(table[served])
+            out[key] = rows
+        return out
+
+    def _cache_slots(self, ids: Tensor) -> Tensor:
+        r"""Per id: its row in the cache, or -1."""
+        if not self.num_cached or not ids.numel():
+            return torch.full_like(ids, -1)
+        pos = torch.searchsorted(self.cached_ids, ids).clamp(max=self.num_cached - 1)
+        return torch.where(self.cached_ids[pos] == ids, pos, -1)

@@ -1,0 +1,127 @@
+r"""DistDGL's distributed neighbour sampler: fan-out sampling over
+partitions whose owners hold the whole in-neighbourhood of their nodes."""
+from typing import List, NamedTuple, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from pyg_dist.comm.request import OwnerRequest, owner_of
+from pyg_dist.data import DistData
+from pyg_dist.metrics import CommStats
+from pyg_dist.sampler.base import _mix
+
+
+def sample_neighbors(rowptr: Tensor, col: Tensor, targets: Tensor, num: int,
+                     generator: torch.Generator) -> Tuple[Tensor, Tensor]:
+    r"""Samples, for every node in :obj:`targets`, :math:`\min(k, d_i)` of
+    its :math:`d_i` in-neighbours uniformly without replacement (all of them
+    when :obj:`num` is -1), from the CSR graph ``(rowptr, col)``.
+
+    Returns the count per target and the sampled ``col`` entries,
+    concatenated target by target. One draw per edge ranks the edges of a
+    target; its :math:`k` lowest survive, so every :math:`k`-subset is
+    equally likely."""
+    start = rowptr[targets]
+    deg = rowptr[targets + 1] - start
+    total = int(deg.sum())
+    offset = torch.repeat_interleave(start - (deg.cumsum(0) - deg), deg,
+                                     output_size=total)
+    edge = offset + torch.arange(total)  # every candidate edge, target by target
+    if num < 0 or total == 0 or int(deg.max()) <= num:
+        return deg, col[edge]
+    segment = torch.repeat_interleave(torch.arange(targets.numel()), deg,
+                                      output_size=total)
+    order = torch.argsort(torch.rand(total, generator=generator))
+    order = order[torch.argsort(segment[order], stable=True)]  # by target, then draw
+    first = (deg.cumsum(0) - deg)[segment]  # `order` keeps the segments in place
+    keep = torch.arange(total) - first < num
+    return deg.clamp(max=num), col[edge[order[keep]]]
+
+
+class SampledSubgraph(NamedTuple):
+    r"""A mini-batch's sampled graph, laid out as PyG's ``NeighborLoader``
+    does: nodes in order of discovery (seeds first, then each hop's new
+    nodes), ``edge_index`` local (row: sampled neighbour, col: the node it
+    was sampled for), edges hop by hop and sorted by (col, row)."""
+    node: Tensor  # relabelled global ids
+    edge_index: Tensor
+    num_sampled_nodes: List[int]
+    num_sampled_edges: List[int]
+
+
+class DistNeighborSampler:
+    r"""Samples the :math:`K`-hop neighbourhood of seed nodes with a fan-out
+    per hop (DistDGL §4.1.4; GraphSAGE's sampler). Hop :math:`\ell` samples
+    the in-neighbours of the nodes hop :math:`\ell - 1` added (the seeds at
+    hop 0), as PyG's ``NeighborLoader``: every rank asks the owners of its
+    frontier nodes, with one :class:`~pyg_dist.comm.request.OwnerRequest`
+    per hop, and each owner samples from its partition (which holds every
+    in-edge of its inner nodes). Frontier nodes a rank owns itself are
+    sampled without the network.
+
+    The draws depend only on :obj:`seed`, the batch :obj:`key` given to
+    :meth:`sample`, the hop and the owner, so a batch is the same whether
+    it is sampled in the training loop or in a background worker.
+    :meth:`sample` is collective over its group.
+    """
+
+    def __init__(self, data: DistData, num_neighbors: List[int], seed: int = 0) -> None:
+        if not num_neighbors or any(k == 0 or k < -1 for k in num_neighbors):
+            raise ValueError(f"num_neighbors must be a non-empty list of fan-outs >= 1 "
+                             f"or -1 (all neighbours) (got {num_neighbors})")
+        self.num_neighbors = list(num_neighbors)
+        self.seed = seed
+        self.partptr = data.partptr.cpu()
+        self.start = int(self.partptr[data.rank])
+        src, dst = data.edge_index.cpu()  # sorted by target
+        self.rowptr = torch.cat([torch.zeros(1, dtype=torch.long),
+                                 torch.bincount(dst, minlength=data.num_inner).cumsum(0)])
+        self.col = data.global_id.cpu()[src]  # in-neighbours as global ids
+
+    def sample(self, seeds: Tensor, key: int, group=None,
+               stats: Optional[CommStats] = None) -> SampledSubgraph:
+        r"""The sampled subgraph of the (distinct, relabelled global)
+        :obj:`seeds`; :obj:`key` numbers the batch (equal keys draw the
+        same sample). Requests go over :obj:`group`, counted in
+        :obj:`stats` under ``sample``."""
+        node = seeds.cpu()
+        frontier = torch.arange(node.numel())  # batch-local ids of the last hop's nodes
+        rows, cols = [], []
+        num_nodes, num_edges = [node.numel()], []
+        for hop, num in enumerate(self.num_neighbors):
+            request = OwnerRequest(node[frontier], owner_of(node[frontier], self.partptr),
+                                   group, stats, "sample")
+            generator = torch.Generator().manual_seed(
+                _mix(self.seed, key, hop, dist.get_rank(group)))
+            counts, values = sample_neighbors(self.rowptr, self.col,
+                                              request.received - self.start, num, generator)
+            counts, neighbours = request.reply_ragged(counts, values)
+            known = node.numel()
+            node, src = _append_new(node, neighbours)
+            rows.append(src)
+            cols.append(frontier[request.order].repeat_interleave(counts))
+            frontier = torch.arange(known, node.numel())
+            num_nodes.append(frontier.numel())
+            num_edges.append(src.numel())
+        row, col = torch.cat(rows), torch.cat(cols)
+        # Sorted by (node, neighbour): still hop by hop, as each hop's nodes
+        # are a later id range, and ready for a CSR adj_t.
+        order = torch.argsort(col * node.numel() + row)
+        edge_index = torch.stack([row[order], col[order]])
+        return SampledSubgraph(node, edge_index, num_nodes, num_edges)
+
+
+def _append_new(node: Tensor, candidates: Tensor) -> Tuple[Tensor, Tensor]:
+    r"""Appends the :obj:`candidates` not yet in :obj:`node` (distinct ids),
+    in order of first occurrence; returns the new node list and every
+    candidate's position in it."""
+    both = torch.cat([node, candidates])
+    unique, inverse = torch.unique(both, return_inverse=True)
+    first = torch.full((unique.numel(), ), both.numel(), dtype=torch.long)
+    first.scatter_reduce_(0, inverse, torch.arange(both.numel()), "amin")
+    new = (first >= node.numel()).nonzero().view(-1)
+    new = new[torch.argsort(first[new])]
+    position = first.clone()  # an existing node's first occurrence is its position
+    position[new] = torch.arange(node.numel(), node.numel() + new.numel())
+    return torch.cat([node, unique[new]]), position[inverse[node.numel():]]
