@@ -66,6 +66,9 @@ def test_partition_info_train(tmp_path):
     (["--staleness", "0"], "staleness must be an integer >= 1"),
     (["--bound", "gap:-1"], "gap:H needs H > 0"),
     (["--feature-cache", "degree", "--feature-cache-capacity", "lots"], "capacity"),
+    (["--loader", "neighbor", "--fanout", "5,5"], "fanout has 2 hops but the model has 3"),
+    (["--loader", "neighbor", "--fanout", "5,x,5"], "fan-outs are integers"),
+    (["--loader", "neighbor", "--sampler", "bns"], "halo samplers, caches"),
 ])
 def test_bad_hyper_parameters(tmp_path, args, message):
     p = run("train", "--root", str(tmp_path), *args, check=False)
@@ -106,3 +109,21 @@ def test_cohesive_batches_end_to_end(tmp_path):
     assert len(rows) == 3 and rows[-1]["loss"] < rows[0]["loss"]
     p = run("train", "--root", root, "--loader", "cohesive", "--staleness", "1", check=False)
     assert p.returncode != 0 and "do not combine" in p.stderr
+
+
+def test_neighbor_loader_end_to_end(tmp_path):
+    root, out = str(tmp_path / "parts"), str(tmp_path / "run")
+    run("partition", "--num-nodes", "2000", "--num-parts", "2", "--root", root,
+        "--data-dir", str(tmp_path / "data"), "--method", "block")
+    run("train", "--root", root, "--out", out, "--epochs", "3", "--hidden", "16",
+        "--no-progress", "--loader", "neighbor", "--fanout", "10,5,5", "--batch-size", "16",
+        "--sampler-workers", "2", "--feature-cache", "degree")
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert len(rows) == 3 and rows[-1]["loss"] < rows[0]["loss"]
+    assert all(METRIC_KEYS <= set(r) for r in rows)
+    assert all(r["seeds_per_s"] > 0 and 0 <= r["trainer_idle_frac"] <= 1
+               and r["in_flight"] >= 1 and r["feature_bytes"] > 0
+               and 0 < r["cache_hit_rate"] <= 1 for r in rows)
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    assert summary["test_acc"] > 0.25  # 10 classes: chance is 0.1
+    assert summary["config"]["fanout"] == [10, 5, 5]
