@@ -68,9 +68,10 @@ class DistFeatureStore:
         :obj:`group`; bytes and cache hits counted in :obj:`stats`."""
         ids = ids.cpu()
         owner = owner_of(ids, self.partptr)
-        local = owner == self.rank
-        slot = self._cache_slots(ids[~local])
-        remote = (~local).nonzero().view(-1)
+        is_local = owner == self.rank
+        local, remote = is_local.nonzero().view(-1), (~is_local).nonzero().view(-1)
+        local_rows = ids[local] - self.start
+        slot = self._cache_slots(ids[remote])
         hit, miss = remote[slot >= 0], remote[slot < 0]
         if stats is not None:
             stats.count("cache_hits", hit.numel())
@@ -81,10 +82,11 @@ class DistFeatureStore:
         for key in keys:
             table = self.tensors[key]
             rows = table.new_empty((ids.numel(), ) + tuple(table.shape[1:]))
-            rows[local] = table[ids[local] - self.start]
+            rows.index_copy_(0, local, table.index_select(0, local_rows))
             if hit.numel():
-                rows[hit] = self.cached[key][slot[slot >= 0]]
-            rows[miss[request.order]] = request.reply(table[served])
+                rows.index_copy_(0, hit, self.cached[key].index_select(0, slot[slot >= 0]))
+            rows.index_copy_(0, miss[request.order],
+                             request.reply(table.index_select(0, served)))
             out[key] = rows
         return out
 

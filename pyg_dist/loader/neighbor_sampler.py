@@ -19,24 +19,33 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, targets: Tensor, num: int,
     when :obj:`num` is -1), from the CSR graph ``(rowptr, col)``.
 
     Returns the count per target and the sampled ``col`` entries,
-    concatenated target by target. One draw per edge ranks the edges of a
-    target; its :math:`k` lowest survive, so every :math:`k`-subset is
-    equally likely."""
+    concatenated target by target. Targets with more than :math:`k`
+    neighbours run :math:`k` steps of a Fisher–Yates shuffle of their
+    neighbour positions, all targets at once: step :math:`i` swaps position
+    :math:`i` with a uniform one in :math:`[i, d)`, so every :math:`k`-subset
+    is equally likely, at :math:`O(k)` vector operations (no sort)."""
     start = rowptr[targets]
     deg = rowptr[targets + 1] - start
-    total = int(deg.sum())
-    offset = torch.repeat_interleave(start - (deg.cumsum(0) - deg), deg,
-                                     output_size=total)
-    edge = offset + torch.arange(total)  # every candidate edge, target by target
-    if num < 0 or total == 0 or int(deg.max()) <= num:
-        return deg, col[edge]
-    segment = torch.repeat_interleave(torch.arange(targets.numel()), deg,
+    counts = deg if num < 0 else deg.clamp(max=num)
+    total = int(counts.sum())
+    out_ptr = counts.cumsum(0) - counts
+    segment = torch.repeat_interleave(torch.arange(targets.numel()), counts,
                                       output_size=total)
-    order = torch.argsort(torch.rand(total, generator=generator))
-    order = order[torch.argsort(segment[order], stable=True)]  # by target, then draw
-    first = (deg.cumsum(0) - deg)[segment]  # `order` keeps the segments in place
-    keep = torch.arange(total) - first < num
-    return deg.clamp(max=num), col[edge[order[keep]]]
+    pos = torch.arange(total) - out_ptr[segment]  # the first counts[i] neighbours...
+    big = (deg > counts).nonzero().view(-1)
+    if big.numel():  # ...unless there are more than k of them
+        d = deg[big]
+        base = d.cumsum(0) - d
+        perm = torch.arange(int(d.sum())) - torch.repeat_interleave(base, d)
+        for i in range(num):
+            j = base + i + (torch.rand(big.numel(), generator=generator, dtype=torch.double)
+                            * (d - i)).long()
+            a = base + i
+            perm[a], perm[j] = perm[j], perm[a]
+        slots = torch.arange(num)
+        pos[(out_ptr[big].unsqueeze(1) + slots).view(-1)] = \
+            perm[(base.unsqueeze(1) + slots).view(-1)]
+    return counts, col[start[segment] + pos]
 
 
 class SampledSubgraph(NamedTuple):
