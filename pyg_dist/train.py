@@ -20,7 +20,7 @@ import pyg_dist
 from pyg_dist.cache import FeatureCache, build_cache, check_cache
 from pyg_dist.comm.compress import get_codec
 from pyg_dist.distributed import max_over_ranks, sum_over_ranks
-from pyg_dist.loader import CohesiveBatchLoader, load_batches
+from pyg_dist.loader import CohesiveBatchLoader, DistNeighborSampler, load_batches
 from pyg_dist.loader.balance import has_batch_parts
 from pyg_dist.metrics import peak_memory_bytes, reset_peak_memory
 from pyg_dist.sampler import PlanPrefetcher, build_sampler, check_sampler
@@ -93,8 +93,7 @@ class TrainConfig:
         if len(self.fanout) != self.num_layers:
             raise ValueError(f"fanout has {len(self.fanout)} hops but the model has "
                              f"{self.num_layers} layers: give one fan-out per layer")
-        if any(k == 0 or k < -1 for k in self.fanout):
-            raise ValueError(f"fan-outs must be >= 1 or -1 (all) (got {self.fanout})")
+        DistNeighborSampler.check(self.fanout)
         if self.batch_size < 1 or self.sampler_workers < 0:
             raise ValueError(f"batch_size must be >= 1 and sampler_workers >= 0 "
                              f"(got {self.batch_size}, {self.sampler_workers})")

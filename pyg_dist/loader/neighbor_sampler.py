@@ -76,9 +76,7 @@ class DistNeighborSampler:
     """
 
     def __init__(self, data: DistData, num_neighbors: List[int], seed: int = 0) -> None:
-        if not num_neighbors or any(k == 0 or k < -1 for k in num_neighbors):
-            raise ValueError(f"num_neighbors must be a non-empty list of fan-outs >= 1 "
-                             f"or -1 (all neighbours) (got {num_neighbors})")
+        self.check(num_neighbors)
         self.num_neighbors = list(num_neighbors)
         self.seed = seed
         self.partptr = data.partptr.cpu()
@@ -87,6 +85,12 @@ class DistNeighborSampler:
         self.rowptr = torch.cat([torch.zeros(1, dtype=torch.long),
                                  torch.bincount(dst, minlength=data.num_inner).cumsum(0)])
         self.col = data.global_id.cpu()[src]  # in-neighbours as global ids
+
+    @staticmethod
+    def check(num_neighbors: List[int]) -> None:
+        if not num_neighbors or any(k == 0 or k < -1 for k in num_neighbors):
+            raise ValueError(f"fan-outs must be a non-empty list of integers >= 1 or -1 "
+                             f"(all neighbours) (got {num_neighbors})")
 
     def sample(self, seeds: Tensor, key: int, group=None,
                stats: Optional[CommStats] = None) -> SampledSubgraph:
