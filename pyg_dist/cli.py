@@ -186,17 +186,20 @@ def _train_in_group(root: str, config, out: Optional[str], timeout: float) -> di
 
 
 def _load_dataset(args: argparse.Namespace):
-    from pyg_dist.datasets import load_default
+    from pyg_dist.datasets import load, load_default
     if args.dataset != "default":
-        raise SystemExit(f"Unknown dataset '{args.dataset}' (available: default)")
+        return load(args.dataset, args.data_dir)
     return load_default(args.data_dir, seed=args.data_seed,
                         **({"num_nodes": args.num_nodes} if args.num_nodes else {}))
 
 
 def _add_dataset_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", default="default",
-                   help="'default': the embedded synthetic community graph")
-    p.add_argument("--data-dir", default=None, help="dataset cache directory")
+    from pyg_dist.datasets import DATASETS
+    p.add_argument("--dataset", default="default", choices=DATASETS,
+                   help="'default': the embedded synthetic community graph; the others "
+                        "are read from --data-dir (see README, Datasets)")
+    p.add_argument("--data-dir", default=None, help="dataset directory (default "
+                   "$PYG_DIST_DATA or ~/.cache/pyg_dist)")
     p.add_argument("--data-seed", type=int, default=0)
     p.add_argument("--num-nodes", type=int, default=None,
                    help="size of the generated default graph")

@@ -19,6 +19,7 @@ from torch_geometric.utils import to_torch_csr_tensor
 import pyg_dist
 from pyg_dist.cache import FeatureCache, build_cache, check_cache
 from pyg_dist.comm.compress import get_codec
+from pyg_dist.datasets.real import f1_counts
 from pyg_dist.distributed import max_over_ranks, sum_over_ranks
 from pyg_dist.loader import CohesiveBatchLoader, DistNeighborSampler, load_batches
 from pyg_dist.loader.balance import has_batch_parts
@@ -132,23 +133,45 @@ def _broadcast_params(model: torch.nn.Module) -> None:
         p.copy_(v)
 
 
+def num_classes_of(y: Tensor) -> int:
+    r"""Classes of labels :obj:`y`: columns of a multi-hot ``[N, C]`` matrix
+    (multi-label), else the largest class id + 1."""
+    return int(y.size(1)) if y.dim() > 1 else int(y.max()) + 1 if y.numel() else 0
+
+
+def node_loss(out: Tensor, y: Tensor) -> Tensor:
+    r"""The loss of every row of :obj:`out` against :obj:`y`, summed over
+    the rows: cross-entropy, or for multi-hot :obj:`y` (Yelp,
+    AmazonProducts) the binary cross-entropy averaged over the labels, as in
+    GraphSAINT and BNS-GCN."""
+    if y.dim() > 1:
+        return F.binary_cross_entropy_with_logits(out, y, reduction="sum") / max(y.size(1), 1)
+    return F.cross_entropy(out, y, reduction="sum")
+
+
 def _forward_backward(model: torch.nn.Module, adj, data: Data, num_train: int) -> Tensor:
     r"""One training forward and backward; the loss is summed over the train
     nodes given and divided by the global train count."""
     model.train()
     out = model(data.x, adj)
     mask = data.train_mask
-    loss = F.cross_entropy(out[mask], data.y[mask], reduction="sum") / num_train
+    loss = node_loss(out[mask], data.y[mask]) / num_train
     loss.backward()
     return loss
 
 
 def _correct_counts(out: Tensor, data: Data) -> Tensor:
-    pred = out.argmax(-1)
+    r"""Per mask, a numerator and a denominator summed over ranks: correct
+    and all nodes (accuracy), or for multi-label :math:`2TP` and
+    :math:`2TP + FP + FN` (micro-F1)."""
     counts = []
     for m in MASKS:
         mask = data[f"{m}_mask"]
-        counts += [(pred[mask] == data.y[mask]).sum(), mask.sum()]
+        if data.y.dim() > 1:
+            tp, fp, fn = f1_counts(out[mask], data.y[mask])
+            counts += [2 * tp, 2 * tp + fp + fn]
+        else:
+            counts += [(out[mask].argmax(-1) == data.y[mask]).sum(), mask.sum()]
     return torch.stack(counts).double()
 
 
@@ -176,8 +199,8 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     rank, world = dist.get_rank(), dist.get_world_size()
     device = pyg_dist.device()
     data = pyg_dist.DistData.load(root, rank).to(device)
-    num_classes = int(data.y.max()) + 1
-    num_classes = int(max_over_ranks(torch.tensor([num_classes], device=device))[0])
+    num_classes = int(max_over_ranks(torch.tensor([num_classes_of(data.y)],
+                                                  device=device))[0])
     model = build_model(config, data.num_features, num_classes).to(device)
     _broadcast_params(model)
     cache = build_cache(config.cache, **config.cache_args)
@@ -309,8 +332,7 @@ def _train_batches(model, data, loader: CohesiveBatchLoader, optimizer, params,
         with ctx.use(batch.plans):
             out = model(batch.x, batch.data.adj_t)
         mask = mask[:out.size(0)]  # the last layer's input rows, the batch's first
-        loss = F.cross_entropy(out[mask], batch.data.y[:out.size(0)][mask],
-                               reduction="sum") / count
+        loss = node_loss(out[mask], batch.data.y[:out.size(0)][mask]) / count
         loss.backward()
         if world > 1:
             with stats.timer("reduce"):
@@ -392,8 +414,7 @@ def train_single_process(data: Data, config: TrainConfig):
     in its fastest configuration (fused CSR ``adj_t``), for comparisons.
     Returns ``(summary, model)``."""
     config.validate()
-    num_classes = int(data.y.max()) + 1
-    model = build_model(config, data.num_features, num_classes)
+    model = build_model(config, data.num_features, num_classes_of(data.y))
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
                                  weight_decay=config.weight_decay)
     adj_t = to_torch_csr_tensor(data.edge_index.flip(0), size=(data.num_nodes, data.num_nodes))

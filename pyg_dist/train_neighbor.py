@@ -6,7 +6,6 @@ from typing import Any, Dict, Optional
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 import pyg_dist
 from pyg_dist.distributed import max_over_ranks, sum_over_ranks
@@ -14,7 +13,7 @@ from pyg_dist.loader.neighbor_loader import DistNeighborLoader
 from pyg_dist.metrics import CommStats, peak_memory_bytes, reset_peak_memory
 from pyg_dist.train import (MASKS, MetricsWriter, TrainConfig, _accuracies,
                             _allreduce_grads, _broadcast_params, _correct_counts,
-                            build_model, summarize)
+                            build_model, node_loss, num_classes_of, summarize)
 
 
 def train_neighbor(root: str, config: TrainConfig,
@@ -32,7 +31,7 @@ def train_neighbor(root: str, config: TrainConfig,
     rank, world = dist.get_rank(), dist.get_world_size()
     device = pyg_dist.device()
     data = pyg_dist.DistData.load(root, rank)  # on the CPU: the sampler's and store's
-    num_classes = int(max_over_ranks(torch.tensor([int(data.y.max()) + 1]))[0])
+    num_classes = int(max_over_ranks(torch.tensor([num_classes_of(data.y)]))[0])
     model = build_model(config, data.num_features, num_classes).to(device)
     _broadcast_params(model)
     eval_data = data.to(device) if device.type != "cpu" else data
@@ -89,7 +88,7 @@ def _epoch(epoch: int, model, evaluator, data, loader: DistNeighborLoader, optim
         optimizer.zero_grad(set_to_none=True)
         graph = batch.edge_index if config.model == "gat" else batch.adj_t
         out = model(batch.x, graph)[:size]
-        loss = F.cross_entropy(out, batch.y[:size], reduction="sum")
+        loss = node_loss(out, batch.y[:size])
         (loss / max(loader.global_batch_size(step), 1)).backward()
         if world > 1:
             with stats.timer("reduce"):

@@ -54,6 +54,19 @@ def _train_rank(root, config, out):
 @pytest.mark.parametrize("world_size,model", [(1, "gcn"), (2, "sage"), (3, "gat"),
                                               (2, "gin")])
 def test_training_matches_pyg(graph, tmp_path, world_size, model):
+    _check_training(graph, tmp_path, world_size, model)
+
+
+def test_multilabel_training_matches_pyg(graph, tmp_path):
+    r"""Multi-hot labels (Yelp, AmazonProducts): BCE loss and micro-F1."""
+    one_hot = torch.nn.functional.one_hot(graph.y, 5)
+    multilabel = graph.clone()
+    multilabel.y = (one_hot | torch.roll(one_hot, 1, 1)).float()
+    summary = _check_training(multilabel, tmp_path, 2, "sage")
+    assert 0 < summary["test_acc"] < 1
+
+
+def _check_training(graph, tmp_path, world_size: int, model: str):
     root, out = str(tmp_path / "parts"), str(tmp_path / "run")
     pyg_dist.partition_graph(graph, world_size, root=root)
     config = TrainConfig(model=model, num_layers=2, hidden=16, dropout=0.0, epochs=5,
@@ -66,3 +79,4 @@ def test_training_matches_pyg(graph, tmp_path, world_size, model):
         assert err <= 1e-4, f"{model} x{world_size}: parameter {k} differs by {err}"
     assert summary["final_loss"] == pytest.approx(reference["final_loss"], abs=1e-5)
     assert summary["test_acc"] == pytest.approx(reference["test_acc"], abs=1e-6)
+    return summary

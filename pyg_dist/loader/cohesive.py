@@ -49,7 +49,8 @@ def gather_cohesive_batches(data: DistData, num_batches: int, num_layers: int,
     (``-1``: none). A collective."""
     inner = data.n_id[:data.num_inner].cpu()
     mine = (data.n_id[data.edge_index].cpu(), inner[data.train_mask.cpu()],
-            data.num_features, int(data.y.max()) + 1 if data.y.numel() else 0)
+            data.num_features, data.y.size(1) if data.y.dim() > 1 else
+            int(data.y.max()) + 1 if data.y.numel() else 0)
     root = 0 if group is None else dist.get_global_rank(group, 0)
     if dist.is_initialized():
         gathered = [None] * dist.get_world_size(group) if dist.get_rank(group) == 0 else None
