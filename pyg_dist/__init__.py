@@ -4,7 +4,8 @@ __version__ = "0.1.0"
 from pyg_dist import nn  # noqa: E402
 from pyg_dist.data import DistData  # noqa: E402
 from pyg_dist.distributed import device, init, spawn  # noqa: E402
+from pyg_dist.inference import predict  # noqa: E402
 from pyg_dist.partition import PartitionBook, partition_graph  # noqa: E402
 
 __all__ = ["DistData", "PartitionBook", "partition_graph", "init", "spawn",
-           "device", "nn", "__version__"]
+           "device", "nn", "predict", "__version__"]

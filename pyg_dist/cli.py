@@ -270,6 +270,21 @@ def cmd_train(args: argparse.Namespace) -> None:
         print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=1))
 
 
+def cmd_predict(args: argparse.Namespace) -> None:
+    from pyg_dist.distributed import spawn
+    from pyg_dist.inference import predict
+    from pyg_dist.partition.book import read_meta
+    from pyg_dist.train import load_model
+    model = load_model(args.model_dir)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
+        predict(model, args.root, args.out)
+    else:
+        nproc = read_meta(args.root)["num_parts"]
+        spawn(predict, nproc, (model, args.root, args.out), timeout=args.timeout)
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(f"wrote per-rank predictions (n_id, pred) to {args.out}/pred_*.pt")
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
     from pyg_dist.demo import demo
     demo(args.workdir, nproc=args.nproc, epochs=args.epochs, num_nodes=args.num_nodes)
@@ -307,6 +322,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--out", default=None, help="directory for metrics and the model")
     _add_train_args(p)
     p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("predict", help="distributed full-graph inference of a trained model")
+    p.add_argument("--root", required=True, help="partition directory")
+    p.add_argument("--model-dir", required=True, help="the --out directory of a training run")
+    p.add_argument("--out", required=True, help="directory for pred_{rank}.pt")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT)
+    p.set_defaults(fn=cmd_predict)
 
     p = sub.add_parser("demo", help="partition the default graph, train with 4 ranks "
                                     "and compare with single-process PyG")

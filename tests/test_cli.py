@@ -27,6 +27,9 @@ def test_partition_info_train(tmp_path):
         "--no-progress", "--model", "gcn")
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert [r["epoch"] for r in rows] == [1, 2, 3]
+    pred = str(tmp_path / "pred")
+    run("predict", "--root", root, "--model-dir", out, "--out", pred)
+    assert sorted(os.listdir(pred)) == ["pred_0.pt", "pred_1.pt"]
     assert all(METRIC_KEYS <= set(r) for r in rows)
     assert rows[-1]["world_size"] == 2 and rows[-1]["bytes_sent"] > 0
     summary = json.load(open(os.path.join(out, "summary.json")))
