@@ -10,7 +10,7 @@ from pyg_dist.comm.bitmask import pack, unpack
 from pyg_dist.train import TrainConfig
 from tests.dist_workers import SAMPLER_CASES, precompute_checks, sampler_checks
 
-ITERATIONS = 300
+ITERATIONS = 150
 WORLD = 3
 
 
