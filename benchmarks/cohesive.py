@@ -34,13 +34,12 @@ Usage::
 """
 import argparse
 import json
-import os
 import os.path as osp
 import shutil
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import torch
 
@@ -128,16 +127,40 @@ def batch_roots(workdir: str, parts_root: str, data, book, parts: int, m: int,
     return roots
 
 
+def train_pyg(data, loader, num_layers: int, args) -> Tuple[List[float], float]:
+    r"""Trains a seeded GraphSAGE (hidden ``args.hidden``) single process
+    on :obj:`loader`'s batches for ``args.epochs`` epochs; the loss covers a
+    batch's train nodes (``ClusterLoader``) or its seeds (``NeighborLoader``).
+    Returns the epoch times and the full-graph test accuracy."""
+    import torch.nn.functional as F
+    from torch_geometric.nn import GraphSAGE
+    torch.manual_seed(args.seed)
+    model = GraphSAGE(data.num_features, args.hidden, num_layers, int(data.y.max()) + 1,
+                      dropout=0.5)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    times = []
+    for _ in range(args.epochs):
+        start = time.perf_counter()
+        model.train()
+        for batch in loader:
+            optimizer.zero_grad()
+            out = model(batch.x, batch.edge_index)
+            mask = (torch.arange(batch.num_nodes) < batch.batch_size
+                    if "batch_size" in batch else batch.train_mask)
+            F.cross_entropy(out[mask], batch.y[mask]).backward()
+            optimizer.step()
+        times.append(time.perf_counter() - start)
+    model.eval()
+    with torch.no_grad():
+        pred = model(data.x, data.edge_index).argmax(-1)
+    return times, float((pred[data.test_mask] == data.y[data.test_mask]).float().mean())
+
+
 def pyg_baseline(args) -> None:
     r"""One PyG mini-batch baseline, single process; prints a JSON line."""
-    import torch.nn.functional as F
     from torch_geometric.loader import ClusterData, ClusterLoader, NeighborLoader
-    from torch_geometric.nn import GraphSAGE
     data = load_default(osp.join(args.workdir, "data"),
                         **({"num_nodes": args.num_nodes} if args.num_nodes else {}))
-    torch.manual_seed(args.seed)
-    model = GraphSAGE(data.num_features, args.hidden, 3, int(data.y.max()) + 1, dropout=0.5)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     m = args.num_batches
     if args.pyg_baseline == "cluster":
         clusters = ClusterData(data, num_parts=4 * m, log=False)
@@ -146,24 +169,7 @@ def pyg_baseline(args) -> None:
         train = data.train_mask.nonzero().view(-1)
         loader = NeighborLoader(data, num_neighbors=[10] * 3, input_nodes=train,
                                 batch_size=-(-train.numel() // m), shuffle=True)
-    times = []
-    for _ in range(args.epochs):
-        start = time.perf_counter()
-        model.train()
-        for batch in loader:
-            optimizer.zero_grad()
-            out = model(batch.x, batch.edge_index)
-            if args.pyg_baseline == "cluster":
-                mask = batch.train_mask
-            else:
-                mask = torch.arange(batch.num_nodes) < batch.batch_size
-            F.cross_entropy(out[mask], batch.y[mask]).backward()
-            optimizer.step()
-        times.append(time.perf_counter() - start)
-    model.eval()
-    with torch.no_grad():
-        pred = model(data.x, data.edge_index).argmax(-1)
-    acc = float((pred[data.test_mask] == data.y[data.test_mask]).float().mean())
+    times, acc = train_pyg(data, loader, 3, args)
     print(json.dumps({"epoch_time": sum(times[1:]) / max(len(times) - 1, 1),
                       "test_acc": acc, "batches": len(loader)}))
 

@@ -38,10 +38,9 @@ import sys
 import time
 from typing import Any, Dict, List
 
-import torch
-
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 from netem import network_for, parse_link  # noqa: E402
+from cohesive import train_pyg  # noqa: E402
 from sampling import run, save  # noqa: E402
 
 import pyg_dist  # noqa: E402
@@ -85,34 +84,15 @@ def summarize(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 def pyg_baseline(args) -> None:
     r"""PyG's ``NeighborLoader``, single process; prints a JSON line."""
-    import torch.nn.functional as F
     from torch_geometric.loader import NeighborLoader
-    from torch_geometric.nn import GraphSAGE
     data = load_default(osp.join(args.workdir, "data"), num_nodes=args.num_nodes)
-    torch.manual_seed(args.seed)
-    model = GraphSAGE(data.num_features, args.hidden, len(args.fanout),
-                      int(data.y.max()) + 1, dropout=0.5)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     train = data.train_mask.nonzero().view(-1)
     loader = NeighborLoader(data, num_neighbors=args.fanout, input_nodes=train,
                             batch_size=args.batch_size, shuffle=True)
-    times = []
-    for _ in range(args.epochs):
-        start = time.perf_counter()
-        model.train()
-        for batch in loader:
-            optimizer.zero_grad()
-            out = model(batch.x, batch.edge_index)[:batch.batch_size]
-            F.cross_entropy(out, batch.y[:batch.batch_size]).backward()
-            optimizer.step()
-        times.append(time.perf_counter() - start)
-    model.eval()
-    with torch.no_grad():
-        pred = model(data.x, data.edge_index).argmax(-1)
+    times, acc = train_pyg(data, loader, len(args.fanout), args)
     epoch = sum(times[1:]) / max(len(times) - 1, 1)
     print(json.dumps({"epoch_time": epoch, "seeds_per_s": train.numel() / epoch,
-                      "test_acc": float((pred[data.test_mask] == data.y[data.test_mask])
-                                        .float().mean()), "epoch_times": times}))
+                      "test_acc": acc, "epoch_times": times}))
 
 
 def pyg_dist_neighbor_loader_error() -> None:

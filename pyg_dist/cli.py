@@ -158,29 +158,36 @@ def run_training(root: str, config, out: Optional[str], nproc: Optional[int] = N
                  timeout: float = DEFAULT_TIMEOUT) -> dict:
     r"""Trains under torchrun (environment present) or by spawning
     :obj:`nproc` local ranks (default: one per partition)."""
-    from pyg_dist.distributed import spawn
-    from pyg_dist.partition.book import read_meta
     from pyg_dist.train import train
     config.validate()
+    return _run_ranks(train, (root, config, out), root, nproc, timeout)
+
+
+def _run_ranks(fn, fn_args: tuple, root: str, nproc: Optional[int], timeout: float):
+    r"""``fn(*fn_args)`` in every rank: in this process under torchrun
+    (environment present) or for a single rank, else in :obj:`nproc` spawned
+    local ranks (default: one per partition of :obj:`root`). Returns this
+    rank's result (spawned: rank 0's)."""
+    from pyg_dist.distributed import spawn
+    from pyg_dist.partition.book import read_meta
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-        return _train_in_group(root, config, out, timeout)
+        return _in_group(fn, fn_args, timeout)
     nproc = nproc or read_meta(root)["num_parts"]
     if nproc == 1:
-        return _train_in_group(root, config, out, timeout)
-    return spawn(train, nproc, (root, config, out), timeout=timeout)[0]
+        return _in_group(fn, fn_args, timeout)
+    return spawn(fn, nproc, fn_args, timeout=timeout)[0]
 
 
-def _train_in_group(root: str, config, out: Optional[str], timeout: float) -> dict:
-    r"""Trains in this process' group and tears it down before the
+def _in_group(fn, fn_args: tuple, timeout: float):
+    r"""Runs in this process' group and tears it down before the
     interpreter exits (gloo's threads otherwise may abort the process)."""
     import torch.distributed as dist
     from pyg_dist.distributed import init
-    from pyg_dist.train import train
     init(timeout=timeout)
     try:
-        return train(root, config, out)
+        return fn(*fn_args)
     finally:
         dist.destroy_process_group()
 
@@ -271,16 +278,10 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_predict(args: argparse.Namespace) -> None:
-    from pyg_dist.distributed import spawn
     from pyg_dist.inference import predict
-    from pyg_dist.partition.book import read_meta
     from pyg_dist.train import load_model
     model = load_model(args.model_dir)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
-        predict(model, args.root, args.out)
-    else:
-        nproc = read_meta(args.root)["num_parts"]
-        spawn(predict, nproc, (model, args.root, args.out), timeout=args.timeout)
+    _run_ranks(predict, (model, args.root, args.out), args.root, None, args.timeout)
     if int(os.environ.get("RANK", 0)) == 0:
         print(f"wrote per-rank predictions (n_id, pred) to {args.out}/pred_*.pt")
 

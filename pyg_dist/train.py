@@ -218,15 +218,8 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     sampler.attach(ctx)
     if feature_cache is not None:
         feature_cache.attach(ctx, sampler)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
-    num_train = int(sum_over_ranks(data.train_mask.sum().double())) or 1
-
-    writer = MetricsWriter(out_dir) if rank == 0 and out_dir else None
-    epochs = range(1, config.epochs + 1)
-    if rank == 0 and config.progress:
-        from tqdm import tqdm
-        epochs = tqdm(epochs, desc=f"train {config.model} x{world}", unit="epoch")
+    params, optimizer, num_train, writer, epochs = training_loop_parts(
+        model, data, config, out_dir, f"train {config.model} x{world}")
     history = []
     lookahead = ctx.cache.lookahead
     if config.loader == "cohesive":
@@ -263,6 +256,24 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     if writer:
         writer.finish(summary, model, config, data.num_features, num_classes)
     return summary
+
+
+def training_loop_parts(model: torch.nn.Module, data: Data, config: TrainConfig,
+                        out_dir: Optional[str], desc: str):
+    r"""What every training loop starts with: the trainable parameters,
+    their Adam optimiser, the global train count (a collective), rank 0's
+    :class:`MetricsWriter` (``None`` elsewhere) and the epochs to iterate
+    (a progress bar named :obj:`desc` on rank 0)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+    num_train = int(sum_over_ranks(data.train_mask.sum().double())) or 1
+    rank = dist.get_rank()
+    writer = MetricsWriter(out_dir) if rank == 0 and out_dir else None
+    epochs = range(1, config.epochs + 1)
+    if rank == 0 and config.progress:
+        from tqdm import tqdm
+        epochs = tqdm(epochs, desc=desc, unit="epoch")
+    return params, optimizer, num_train, writer, epochs
 
 
 def _train_epoch(epoch: int, model, data, config: TrainConfig, plans: PlanPrefetcher,

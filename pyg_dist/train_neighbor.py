@@ -11,9 +11,9 @@ import pyg_dist
 from pyg_dist.distributed import max_over_ranks, sum_over_ranks
 from pyg_dist.loader.neighbor_loader import DistNeighborLoader
 from pyg_dist.metrics import CommStats, peak_memory_bytes, reset_peak_memory
-from pyg_dist.train import (MASKS, MetricsWriter, TrainConfig, _accuracies,
-                            _allreduce_grads, _broadcast_params, _correct_counts,
-                            build_model, node_loss, num_classes_of, summarize)
+from pyg_dist.train import (MASKS, TrainConfig, _accuracies, _allreduce_grads,
+                            _broadcast_params, _correct_counts, build_model, node_loss,
+                            num_classes_of, summarize, training_loop_parts)
 
 
 def train_neighbor(root: str, config: TrainConfig,
@@ -41,14 +41,8 @@ def train_neighbor(root: str, config: TrainConfig,
         num_workers=config.sampler_workers, adaptive=config.adaptive_depth,
         cache_capacity=config.feature_cache_capacity if config.feature_cache else 0,
         device=device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
-    num_train = int(sum_over_ranks(data.train_mask.sum().double())) or 1
-    writer = MetricsWriter(out_dir) if rank == 0 and out_dir else None
-    epochs = range(1, config.epochs + 1)
-    if rank == 0 and config.progress:
-        from tqdm import tqdm
-        epochs = tqdm(epochs, desc=f"train {config.model} x{world} (neighbor)", unit="epoch")
+    params, optimizer, num_train, writer, epochs = training_loop_parts(
+        model, data, config, out_dir, f"train {config.model} x{world} (neighbor)")
     history = []
     try:
         for epoch in epochs:

@@ -11,12 +11,6 @@ from pyg_dist.comm.exchange import all_to_all
 from pyg_dist.metrics import CommStats
 
 
-def owner_of(global_id: Tensor, partptr: Tensor) -> Tensor:
-    r"""The part that owns each relabelled global id (parts own contiguous
-    ranges ``partptr[r]:partptr[r + 1]``)."""
-    return torch.searchsorted(partptr, global_id, right=True) - 1
-
-
 class OwnerRequest:
     r"""Sends :obj:`ids` (relabelled global ids) to their owners: one
     ``all_to_all`` of counts and one of ids. Every rank of :obj:`group` must

@@ -5,9 +5,10 @@ import torch
 from torch import Tensor
 
 from pyg_dist.cache.feature import capacity_rows
-from pyg_dist.comm.request import OwnerRequest, owner_of
+from pyg_dist.comm.request import OwnerRequest
 from pyg_dist.data import DistData
 from pyg_dist.metrics import CommStats
+from pyg_dist.partition.book import owner_of
 
 class DistFeatureStore:
     r"""Node data of the whole graph, each row stored once on its owner

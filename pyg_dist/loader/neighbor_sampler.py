@@ -6,9 +6,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from pyg_dist.comm.request import OwnerRequest, owner_of
+from pyg_dist.comm.request import OwnerRequest
 from pyg_dist.data import DistData
 from pyg_dist.metrics import CommStats
+from pyg_dist.partition.book import owner_of
 from pyg_dist.sampler.base import _mix
 
 

@@ -18,6 +18,12 @@ def part_file(root: str, rank: int) -> str:
     return osp.join(root, f"part_{rank}.pt")
 
 
+def owner_of(global_id: Tensor, partptr: Tensor) -> Tensor:
+    r"""The part that owns each relabelled global id (parts own contiguous
+    ranges ``partptr[r]:partptr[r + 1]``)."""
+    return torch.searchsorted(partptr, global_id, right=True) - 1
+
+
 @dataclass
 class PartitionBook:
     r"""Maps between original node ids, relabelled global ids and owners.
@@ -42,7 +48,7 @@ class PartitionBook:
 
     def owner(self, global_id: Tensor) -> Tensor:
         r"""The part that owns each relabelled global id."""
-        return torch.searchsorted(self.partptr, global_id, right=True) - 1
+        return owner_of(global_id, self.partptr)
 
     @property
     def stats(self) -> List[Dict[str, Any]]:

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from pyg_dist.partition.book import FORMAT_VERSION, PartitionBook, part_file
+from pyg_dist.partition.book import FORMAT_VERSION, PartitionBook, owner_of, part_file
 from pyg_dist.partition.block import block_assignment
 from pyg_dist.partition.metis import OBJECTIVES, metis_assignment, random_assignment
 
@@ -179,7 +179,7 @@ def build_parts(data: Data, assignment: Tensor, num_parts: int):
     for r in range(num_parts):
         lo, hi = int(partptr[r]), int(partptr[r + 1])
         halo = halos[r]
-        halo_owner = torch.searchsorted(partptr, halo, right=True) - 1
+        halo_owner = owner_of(halo, partptr)
         global_id = torch.cat([torch.arange(lo, hi), halo])
         e = slice(int(edge_ptr[r]), int(edge_ptr[r + 1]))
         s, d = src[e], dst[e]
