@@ -48,6 +48,18 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fixed-depth", action="store_true",
                    help="keep every worker busy instead of adapting how many batches "
                         "are sampled ahead")
+    p.add_argument("--inductive", action="store_true",
+                   help="train on the train nodes' subgraph, evaluate on the whole graph "
+                        "(needs partition --inductive)")
+    g = p.add_argument_group("checkpoints")
+    g.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, metavar="N",
+                   help="save model, optimiser, RNG, sampler and cache state every N "
+                        "epochs (0: never)")
+    g.add_argument("--checkpoint-dir", default=None,
+                   help="where checkpoints go (default OUT/checkpoint)")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from the latest checkpoint (same ranks, graph and "
+                        "hyper-parameters; --epochs may grow)")
     _add_sampler_args(p)
     _add_cache_args(p)
 
@@ -151,7 +163,9 @@ def _config(args: argparse.Namespace):
                        background_sampling=not args.no_background_sampling,
                        loader=args.loader, overlap=args.overlap, fanout=args.fanout,
                        batch_size=args.batch_size, sampler_workers=args.sampler_workers,
-                       adaptive_depth=not args.fixed_depth)
+                       adaptive_depth=not args.fixed_depth, inductive=args.inductive,
+                       checkpoint_every=args.checkpoint_every,
+                       checkpoint_dir=args.checkpoint_dir, resume=args.resume)
 
 
 def run_training(root: str, config, out: Optional[str], nproc: Optional[int] = None,
@@ -168,11 +182,11 @@ def _run_ranks(fn, fn_args: tuple, root: str, nproc: Optional[int], timeout: flo
     (environment present) or for a single rank, else in :obj:`nproc` spawned
     local ranks (default: one per partition of :obj:`root`). Returns this
     rank's result (spawned: rank 0's)."""
-    from pyg_dist.distributed import spawn
+    from pyg_dist.distributed import available_cpus, spawn
     from pyg_dist.partition.book import read_meta
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        torch.set_num_threads(max(1, available_cpus() // local_world))
         return _in_group(fn, fn_args, timeout)
     nproc = nproc or read_meta(root)["num_parts"]
     if nproc == 1:
@@ -184,11 +198,17 @@ def _in_group(fn, fn_args: tuple, timeout: float):
     r"""Runs in this process' group and tears it down before the
     interpreter exits (gloo's threads otherwise may abort the process)."""
     import torch.distributed as dist
-    from pyg_dist.distributed import init
+    from pyg_dist.distributed import init, name_lost_ranks, stop_heartbeat
     init(timeout=timeout)
     try:
         return fn(*fn_args)
+    except BaseException as e:
+        named = name_lost_ranks(e)
+        if named is e:
+            raise
+        raise named from e
     finally:
+        stop_heartbeat()
         dist.destroy_process_group()
 
 
@@ -219,7 +239,8 @@ def cmd_partition(args: argparse.Namespace) -> None:
     data = _load_dataset(args)
     book = partition_graph(data, args.num_parts, method=args.method,
                            block_hops=args.block_hops,
-                           objective=args.objective, root=args.root, seed=args.seed)
+                           objective=args.objective, root=args.root, seed=args.seed,
+                           inductive=args.inductive)
     print(book.summary())
     print(f"wrote {args.num_parts} partitions to {args.root}")
     if args.num_batches:
@@ -304,6 +325,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--objective", default="vol", choices=["vol", "cut"])
     p.add_argument("--root", required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--inductive", action="store_true",
+                   help="also write the parts of the train nodes' subgraph "
+                        "(for train --inductive)")
     p.add_argument("--num-batches", type=int, default=0,
                    help="also split the training nodes into this many CM-GCN cohesive "
                         "mini-batches (for train --loader cohesive)")

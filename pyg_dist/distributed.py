@@ -4,10 +4,11 @@ import os
 import pickle
 import queue
 import socket
+import threading
 import time
 import traceback
 from datetime import timedelta
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -47,7 +48,96 @@ def init(backend: Optional[str] = None, init_method: Optional[str] = None,
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group(backend, init_method=init_method, rank=rank,
                             world_size=world_size, timeout=timedelta(seconds=timeout))
+    if dist.get_world_size() > 1:
+        host, port = _store_address(init_method)
+        Heartbeat.start(host, port, dist.get_rank(), dist.get_world_size())
     return dist.get_rank()
+
+
+def _store_address(init_method: str) -> Tuple[str, int]:
+    if init_method.startswith("tcp://"):
+        host, port = init_method[len("tcp://"):].rsplit(":", 1)
+        return host.strip("[]"), int(port)
+    return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+
+
+class RankLostError(RuntimeError):
+    r"""A collective failed because one or more peers are gone."""
+
+
+class Heartbeat:
+    r"""Every rank bumps a counter in the rendezvous store each
+    :obj:`interval` seconds from a daemon thread, so that when a collective
+    fails the survivors can say *which* rank was lost (:func:`lost_ranks`)
+    instead of only which socket closed."""
+    current: Optional["Heartbeat"] = None
+    interval = 0.5
+
+    def __init__(self, host: str, port: int, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.store = dist.PrefixStore("pyg_dist/heartbeat", dist.TCPStore(
+            host, port, is_master=False, timeout=timedelta(seconds=10),
+            wait_for_workers=False))
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True,
+                                       name="pyg_dist-heartbeat")
+        self.thread.start()
+
+    @classmethod
+    def start(cls, host: str, port: int, rank: int, world_size: int) -> None:
+        if cls.current is not None:
+            cls.current.stop.set()
+        try:
+            cls.current = cls(host, port, rank, world_size)
+        except (RuntimeError, OSError):  # no store to talk to: fail as before, unnamed
+            cls.current = None
+
+    def _beat(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.store.add(str(self.rank), 1)
+            except Exception:  # the store's host is gone: lost_ranks reports it
+                return
+            self.stop.wait(self.interval)
+
+    def counts(self) -> List[int]:
+        return [self.store.add(str(r), 0) for r in range(self.world_size)]
+
+
+def lost_ranks(wait: float = 4 * Heartbeat.interval) -> Optional[List[int]]:
+    r"""The ranks whose heartbeat stopped, watched for :obj:`wait` seconds
+    (``[0]``-style answers name the store's host when the store itself is
+    unreachable); ``None`` without a heartbeat."""
+    beat = Heartbeat.current
+    if beat is None:
+        return None
+    try:
+        before = beat.counts()
+        time.sleep(wait)
+        after = beat.counts()
+    except Exception:  # the store lives in rank 0's process (or its agent)
+        return [0]
+    return [r for r in range(beat.world_size) if r != beat.rank and after[r] == before[r]]
+
+
+def name_lost_ranks(error: BaseException) -> BaseException:
+    r""":obj:`error` of a failed collective, re-raised as a
+    :class:`RankLostError` that names the ranks that are gone (if any)."""
+    if not isinstance(error, RuntimeError) or isinstance(error, RankLostError):
+        return error
+    lost = lost_ranks()
+    if not lost:
+        return error
+    which = ", ".join(map(str, lost))
+    return RankLostError(f"lost rank{'s' if len(lost) > 1 else ''} {which} (no heartbeat "
+                         f"for {4 * Heartbeat.interval:.0f} s): {type(error).__name__}: "
+                         f"{error}".rstrip())
+
+
+def stop_heartbeat() -> None:
+    if Heartbeat.current is not None:
+        Heartbeat.current.stop.set()
+        Heartbeat.current = None
 
 
 def device() -> torch.device:
@@ -55,6 +145,15 @@ def device() -> torch.device:
     if dist.is_initialized() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def available_cpus() -> int:
+    r"""The cores this process may run on (its affinity mask: SLURM's
+    ``--cpus-per-task``, ``taskset``), else all the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def free_port() -> int:
@@ -74,8 +173,11 @@ def _worker(rank: int, world_size: int, port: int, backend: str, timeout: float,
         out = fn(*args)
         results.put((rank, True, pickle.dumps(out)))
     except BaseException as e:  # report every failure to the parent
-        results.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        named = name_lost_ranks(e)
+        results.put((rank, False, f"{type(named).__name__}: {named}\n"
+                                  f"{traceback.format_exc()}"))
     finally:
+        stop_heartbeat()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -96,7 +198,7 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
     ctx = torch.multiprocessing.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    threads = threads or max(1, (os.cpu_count() or 1) // nprocs)
+    threads = threads or max(1, available_cpus() // nprocs)
     procs = [ctx.Process(target=_worker, daemon=True,
                          args=(r, nprocs, port, backend, timeout, threads, fn, args,
                                results)) for r in range(nprocs)]

@@ -1,11 +1,12 @@
 """The ready-made full-graph training loop used by the CLI, notebooks and
 benchmarks, and its single-process PyG twin for comparisons."""
+import copy
 import json
 import os
 import os.path as osp
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -18,12 +19,14 @@ from torch_geometric.utils import to_torch_csr_tensor
 
 import pyg_dist
 from pyg_dist.cache import FeatureCache, build_cache, check_cache
+from pyg_dist.checkpoint import Checkpointer, rng_state, set_rng_state
 from pyg_dist.comm.compress import get_codec
 from pyg_dist.datasets.real import f1_counts
 from pyg_dist.distributed import max_over_ranks, sum_over_ranks
 from pyg_dist.loader import CohesiveBatchLoader, DistNeighborSampler, load_batches
 from pyg_dist.loader.balance import has_batch_parts
 from pyg_dist.metrics import peak_memory_bytes, reset_peak_memory
+from pyg_dist.partition.book import read_meta
 from pyg_dist.sampler import PlanPrefetcher, build_sampler, check_sampler
 
 MODELS = {"gcn": GCN, "sage": GraphSAGE, "gat": GAT, "gin": GIN}
@@ -63,6 +66,14 @@ class TrainConfig:
     batch_size: int = 1024
     sampler_workers: int = 0
     adaptive_depth: bool = True
+    # Train on the subgraph of the train nodes, evaluate on the whole graph
+    # (partitions written with partition_graph(..., inductive=True)).
+    inductive: bool = False
+    # Save a checkpoint every N epochs (0: never) into checkpoint_dir
+    # (default out_dir/checkpoint); resume: continue from its latest one.
+    checkpoint_every: int = 0
+    checkpoint_dir: Optional[str] = None
+    resume: bool = False
 
     def validate(self) -> None:
         if self.model not in MODELS:
@@ -80,6 +91,11 @@ class TrainConfig:
         check_cache(self.cache, self.cache_args)
         if self.feature_cache is not None:
             FeatureCache.check(self.feature_cache, self.feature_cache_capacity)
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0 (got {self.checkpoint_every})")
+        if self.inductive and self.loader == "cohesive":
+            raise ValueError("inductive training runs with the full-graph or the neighbour "
+                             "loader (cohesive batches are made on the whole graph)")
         if self.loader not in ("full", "cohesive", "neighbor"):
             raise ValueError(f"Unknown loader '{self.loader}' (full, cohesive, neighbor)")
         if self.loader == "neighbor":
@@ -198,11 +214,17 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
         return train_neighbor(root, config, out_dir)
     rank, world = dist.get_rank(), dist.get_world_size()
     device = pyg_dist.device()
+    checkpoints = checkpointer(root, config, out_dir, world)
+    resumed = checkpoints.load() if config.resume else None
     data = pyg_dist.DistData.load(root, rank).to(device)
     num_classes = int(max_over_ranks(torch.tensor([num_classes_of(data.y)],
                                                   device=device))[0])
     model = build_model(config, data.num_features, num_classes).to(device)
     _broadcast_params(model)
+    evaluator, eval_data = model, data
+    if config.inductive:  # the model trains on the train nodes' subgraph only
+        evaluator = pyg_dist.nn.distribute(copy.deepcopy(model), data)
+        data = pyg_dist.DistData.load(train_graph_root(root), rank).to(device)
     cache = build_cache(config.cache, **config.cache_args)
     feature_cache = (FeatureCache(config.feature_cache, config.feature_cache_capacity,
                                   config.seed) if config.feature_cache else None)
@@ -218,9 +240,6 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     sampler.attach(ctx)
     if feature_cache is not None:
         feature_cache.attach(ctx, sampler)
-    params, optimizer, num_train, writer, epochs = training_loop_parts(
-        model, data, config, out_dir, f"train {config.model} x{world}")
-    history = []
     lookahead = ctx.cache.lookahead
     if config.loader == "cohesive":
         plans = CohesiveBatchLoader(data, load_batches(root), len(ctx.layer_index),
@@ -232,15 +251,16 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     else:
         plans = PlanPrefetcher(sampler, lookahead, stats=stats, background=(
             config.background_sampling and lookahead > 0 and device.type == "cpu"))
+    stateful = {"model": model, "sampler": sampler, "cache": cache, "loader": plans}
+    params, optimizer, num_train, writer, epochs, history = training_loop_parts(
+        model, data, config, out_dir, f"train {config.model} x{world}", stateful, resumed)
     try:
         for epoch in epochs:
-            row = _train_epoch(epoch, model, data, config, plans, optimizer,
-                               params, num_train, world, device)
+            row = _train_epoch(epoch, model, data, config, plans, optimizer, params,
+                               num_train, world, device, evaluator, eval_data)
             history.append(row)
-            if writer:
-                writer.epoch(row)
-            if rank == 0 and config.progress and hasattr(epochs, "set_postfix"):
-                epochs.set_postfix(loss=f"{row['loss']:.3f}", val=row["val_acc"])
+            end_of_epoch(epoch, row, history, config, writer, epochs, checkpoints,
+                         stateful, optimizer, device)
     except BaseException:
         for cleanup in (ctx.finish, plans.close):  # nothing left in flight...
             try:
@@ -258,27 +278,88 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     return summary
 
 
+def train_graph_root(root: str) -> str:
+    r"""Where :func:`~pyg_dist.partition_graph` with ``inductive=True``
+    wrote the partitions of the train nodes' subgraph."""
+    path = osp.join(root, "train_graph")
+    if not osp.exists(osp.join(path, "meta.json")):
+        raise FileNotFoundError(f"'{root}' has no partitions of the train-node subgraph "
+                                f"for inductive training: re-partition with --inductive")
+    return path
+
+
+# Fields that may change between a run and its resumption.
+_RUN_CONTROL = ("epochs", "progress", "eval_every", "checkpoint_every", "checkpoint_dir",
+                "resume", "background_sampling", "sampler_workers", "adaptive_depth")
+
+
+def checkpointer(root: str, config: TrainConfig, out_dir: Optional[str],
+                 world: int) -> Optional[Checkpointer]:
+    r"""The run's :class:`~pyg_dist.checkpoint.Checkpointer` (``None``
+    without checkpoints); a checkpoint is resumed only by a run with the
+    same world size, graph and hyper-parameters (the epochs may grow)."""
+    if not config.checkpoint_every and not config.resume:
+        return None
+    directory = config.checkpoint_dir or (osp.join(out_dir, "checkpoint") if out_dir else None)
+    if directory is None:
+        raise ValueError("checkpoints need a directory: give out_dir (--out) or "
+                         "checkpoint_dir (--checkpoint-dir)")
+    run = {k: v for k, v in asdict(config).items() if k not in _RUN_CONTROL}
+    return Checkpointer(directory, config.checkpoint_every,
+                        {"world_size": world, "graph_hash": read_meta(root)["graph_hash"],
+                         "config": run})
+
+
+def end_of_epoch(epoch: int, row: Dict[str, Any], history: List[Dict[str, Any]],
+                 config: TrainConfig, writer, epochs, checkpoints: Optional[Checkpointer],
+                 stateful: Dict[str, Any], optimizer, device) -> None:
+    r"""Logs an epoch's metrics (file and progress bar) and checkpoints
+    the run when one is due."""
+    if writer:
+        writer.epoch(row)
+    if hasattr(epochs, "set_postfix"):
+        epochs.set_postfix(loss=f"{row['loss']:.3f}", val=row["val_acc"])
+    if checkpoints is not None and checkpoints.due(epoch, config.epochs):
+        state = {name: obj.state_dict() for name, obj in stateful.items()}
+        checkpoints.save(epoch, {**state, "optimizer": optimizer.state_dict(),
+                                 "rng": rng_state(device), "history": history})
+
+
 def training_loop_parts(model: torch.nn.Module, data: Data, config: TrainConfig,
-                        out_dir: Optional[str], desc: str):
+                        out_dir: Optional[str], desc: str, stateful: Dict[str, Any],
+                        resumed: Optional[Dict[str, Any]] = None):
     r"""What every training loop starts with: the trainable parameters,
     their Adam optimiser, the global train count (a collective), rank 0's
-    :class:`MetricsWriter` (``None`` elsewhere) and the epochs to iterate
-    (a progress bar named :obj:`desc` on rank 0)."""
+    :class:`MetricsWriter` (``None`` elsewhere), the epochs to iterate (a
+    progress bar named :obj:`desc` on rank 0) and the metrics so far. With a
+    :obj:`resumed` checkpoint, the :obj:`stateful` objects, the optimiser and
+    the random generators continue from it."""
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
     num_train = int(sum_over_ranks(data.train_mask.sum().double())) or 1
+    history: List[Dict[str, Any]] = []
+    if resumed is not None:
+        for name, obj in stateful.items():
+            obj.load_state_dict(resumed[name])
+        optimizer.load_state_dict(resumed["optimizer"])
+        set_rng_state(resumed["rng"], next(model.parameters()).device)
+        history = list(resumed["history"])
     rank = dist.get_rank()
-    writer = MetricsWriter(out_dir) if rank == 0 and out_dir else None
-    epochs = range(1, config.epochs + 1)
+    writer = MetricsWriter(out_dir, history) if rank == 0 and out_dir else None
+    epochs = range(len(history) + 1, config.epochs + 1)
     if rank == 0 and config.progress:
         from tqdm import tqdm
-        epochs = tqdm(epochs, desc=desc, unit="epoch")
-    return params, optimizer, num_train, writer, epochs
+        epochs = tqdm(epochs, desc=desc, unit="epoch", initial=len(history),
+                      total=config.epochs)
+    return params, optimizer, num_train, writer, epochs, history
 
 
 def _train_epoch(epoch: int, model, data, config: TrainConfig, plans: PlanPrefetcher,
-                 optimizer, params, num_train: int, world: int, device) -> Dict[str, Any]:
-    r"""One full-graph iteration, its evaluation and its metrics row."""
+                 optimizer, params, num_train: int, world: int, device, evaluator,
+                 eval_data) -> Dict[str, Any]:
+    r"""One full-graph iteration, its evaluation (by :obj:`evaluator` on
+    :obj:`eval_data`: the model itself, or its twin on the whole graph when
+    training is inductive) and its metrics row."""
     ctx, stats = model.dist_context, model.comm_stats
     stats.reset()
     reset_peak_memory(device)
@@ -310,9 +391,12 @@ def _train_epoch(epoch: int, model, data, config: TrainConfig, plans: PlanPrefet
     maxes = torch.tensor([step_time, stats.time["comm"], stats.time["reduce"],
                           stats.time["sample"], peak], dtype=torch.double, device=device)
     if epoch % config.eval_every == 0 or epoch == config.epochs:
-        model.eval()  # always on the exact plan, and exact (no autograd)
+        if evaluator is not model:
+            evaluator.load_state_dict(model.state_dict())
+        evaluator.eval()  # always on the exact plan, and exact (no autograd)
         with torch.no_grad():
-            sums = torch.cat([sums, _correct_counts(model(data.x, data.adj_t), data)])
+            sums = torch.cat([sums, _correct_counts(evaluator(eval_data.x, eval_data.adj_t),
+                                                    eval_data)])
     sums, maxes = sum_over_ranks(sums), max_over_ranks(maxes)
     row.update(loss=float(sums[0]), **(_accuracies(sums[9:]) if sums.numel() > 9 else
                                       dict.fromkeys(f"{m}_acc" for m in MASKS)))
@@ -389,10 +473,12 @@ class MetricsWriter:
     r"""Writes ``metrics.jsonl``, ``summary.json``, ``model.pt`` and
     ``model.json`` (how to rebuild the model) into an output directory."""
 
-    def __init__(self, out_dir: str) -> None:
+    def __init__(self, out_dir: str, history: Sequence[Dict[str, Any]] = ()) -> None:
         os.makedirs(out_dir, exist_ok=True)
         self.out_dir = out_dir
         self.file = open(osp.join(out_dir, "metrics.jsonl"), "w")
+        for row in history:  # a resumed run: the epochs before its checkpoint
+            self.epoch(row)
 
     def epoch(self, row: Dict[str, Any]) -> None:
         self.file.write(json.dumps(row) + "\n")
@@ -421,21 +507,24 @@ def load_model(out_dir: str) -> torch.nn.Module:
 
 
 def train_single_process(data: Data, config: TrainConfig):
-    r"""The same training in plain single-process PyG on the whole graph,
+    r"""The same training in plain single-process PyG on the whole graph
+    (inductive: on the train nodes' subgraph, evaluated on the whole graph),
     in its fastest configuration (fused CSR ``adj_t``), for comparisons.
     Returns ``(summary, model)``."""
     config.validate()
     model = build_model(config, data.num_features, num_classes_of(data.y))
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
                                  weight_decay=config.weight_decay)
-    adj_t = to_torch_csr_tensor(data.edge_index.flip(0), size=(data.num_nodes, data.num_nodes))
+    adj_t = _adj_t(data)
+    train_data = data.subgraph(data.train_mask) if config.inductive else data
+    train_adj_t = _adj_t(train_data) if config.inductive else adj_t
     num_train = int(data.train_mask.sum())
     history = []
     for epoch in range(1, config.epochs + 1):
         reset_peak_memory()
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        loss = _forward_backward(model, adj_t, data, num_train)
+        loss = _forward_backward(model, train_adj_t, train_data, num_train)
         optimizer.step()
         row = {"epoch": epoch, "loss": loss.item(), "time": time.perf_counter() - start,
                "time_comm": 0.0, "time_reduce": 0.0, "time_sample": 0.0, "bytes_sent": 0,
@@ -451,3 +540,7 @@ def train_single_process(data: Data, config: TrainConfig):
             row.update(dict.fromkeys(f"{m}_acc" for m in MASKS))
         history.append(row)
     return summarize(history, config, 1), model
+
+
+def _adj_t(data: Data) -> Tensor:
+    return to_torch_csr_tensor(data.edge_index.flip(0), size=(data.num_nodes, data.num_nodes))

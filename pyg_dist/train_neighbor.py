@@ -12,8 +12,9 @@ from pyg_dist.distributed import max_over_ranks, sum_over_ranks
 from pyg_dist.loader.neighbor_loader import DistNeighborLoader
 from pyg_dist.metrics import CommStats, peak_memory_bytes, reset_peak_memory
 from pyg_dist.train import (MASKS, TrainConfig, _accuracies, _allreduce_grads,
-                            _broadcast_params, _correct_counts, build_model, node_loss,
-                            num_classes_of, summarize, training_loop_parts)
+                            _broadcast_params, _correct_counts, build_model, checkpointer,
+                            end_of_epoch, node_loss, num_classes_of, summarize,
+                            train_graph_root, training_loop_parts)
 
 
 def train_neighbor(root: str, config: TrainConfig,
@@ -30,29 +31,32 @@ def train_neighbor(root: str, config: TrainConfig,
     ``feature_bytes``, ...)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     device = pyg_dist.device()
+    checkpoints = checkpointer(root, config, out_dir, world)
+    resumed = checkpoints.load() if config.resume else None
     data = pyg_dist.DistData.load(root, rank)  # on the CPU: the sampler's and store's
     num_classes = int(max_over_ranks(torch.tensor([num_classes_of(data.y)]))[0])
     model = build_model(config, data.num_features, num_classes).to(device)
     _broadcast_params(model)
     eval_data = data.to(device) if device.type != "cpu" else data
     evaluator = pyg_dist.nn.distribute(copy.deepcopy(model), eval_data)
+    if config.inductive:  # batches are sampled from the train nodes' subgraph
+        data = pyg_dist.DistData.load(train_graph_root(root), rank)
     loader = DistNeighborLoader(
         data, config.fanout, config.batch_size, seed=config.seed,
         num_workers=config.sampler_workers, adaptive=config.adaptive_depth,
         cache_capacity=config.feature_cache_capacity if config.feature_cache else 0,
         device=device)
-    params, optimizer, num_train, writer, epochs = training_loop_parts(
-        model, data, config, out_dir, f"train {config.model} x{world} (neighbor)")
-    history = []
+    stateful = {"model": model, "loader": loader}
+    params, optimizer, num_train, writer, epochs, history = training_loop_parts(
+        model, data, config, out_dir, f"train {config.model} x{world} (neighbor)",
+        stateful, resumed)
     try:
         for epoch in epochs:
             row = _epoch(epoch, model, evaluator, eval_data, loader, optimizer, params,
                          config, num_train, world, device)
             history.append(row)
-            if writer:
-                writer.epoch(row)
-            if rank == 0 and hasattr(epochs, "set_postfix"):
-                epochs.set_postfix(loss=f"{row['loss']:.3f}", val=row["val_acc"])
+            end_of_epoch(epoch, row, history, config, writer, epochs, checkpoints,
+                         stateful, optimizer, device)
     finally:
         loader.close()
         evaluator.dist_context.finish()

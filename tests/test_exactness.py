@@ -66,11 +66,20 @@ def test_multilabel_training_matches_pyg(graph, tmp_path):
     assert 0 < summary["test_acc"] < 1
 
 
-def _check_training(graph, tmp_path, world_size: int, model: str):
+def test_inductive_training_matches_pyg(graph, tmp_path):
+    r"""Trained on the train nodes' subgraph only, evaluated on the whole
+    graph: equal to PyG trained on ``data.subgraph(train_mask)``."""
+    summary = _check_training(graph, tmp_path, 2, "gcn", inductive=True)
+    transductive = train_single_process(graph, TrainConfig(
+        model="gcn", num_layers=2, hidden=16, dropout=0.0, epochs=5, progress=False))[0]
+    assert summary["final_loss"] != pytest.approx(transductive["final_loss"], abs=1e-4)
+
+
+def _check_training(graph, tmp_path, world_size: int, model: str, inductive: bool = False):
     root, out = str(tmp_path / "parts"), str(tmp_path / "run")
-    pyg_dist.partition_graph(graph, world_size, root=root)
+    pyg_dist.partition_graph(graph, world_size, root=root, inductive=inductive)
     config = TrainConfig(model=model, num_layers=2, hidden=16, dropout=0.0, epochs=5,
-                         heads=2, progress=False)
+                         heads=2, progress=False, inductive=inductive)
     summary = pyg_dist.spawn(_train_rank, world_size, (root, config, out), timeout=60)[0]
     reference, ref_model = train_single_process(graph, config)
     trained = load_model(out)

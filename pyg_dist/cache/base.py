@@ -1,5 +1,5 @@
 """``HaloCache``: how fresh the halo rows a layer aggregates must be."""
-from typing import Sequence
+from typing import Any, Dict, Sequence
 
 from torch import Tensor
 
@@ -58,6 +58,13 @@ class HaloCache:
 
     def finish(self) -> None:
         r"""Completes every exchange in flight and drops the stale state."""
+
+    def state_dict(self) -> Dict[str, Any]:
+        r"""What a checkpoint keeps to resume exactly (stale rows, versions)."""
+        return {"iteration": self.iteration}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.iteration = state["iteration"]
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.extra_repr()})"

@@ -1,7 +1,7 @@
 """SANCUS: historical halo embeddings with bounded staleness and
 skip-broadcast."""
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -174,6 +174,19 @@ class HistoricalCache(HaloCache):
 
     def finish(self) -> None:
         self.history.clear()
+
+    def state_dict(self) -> Dict[str, Any]:
+        history = {key: {"rows": h.rows, "version": h.version,
+                         "sent_version": h.sent_version, "sent_rows": h.sent_rows,
+                         "last_broadcast": h.last_broadcast}
+                   for key, h in self.history.items()}
+        return {**super().state_dict(), "history": history, "max_age": dict(self.max_age),
+                "max_gap": dict(self.max_gap)}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.history = {key: _History(**h) for key, h in state["history"].items()}
+        self.max_age, self.max_gap = dict(state["max_age"]), dict(state["max_gap"])
 
     def extra_repr(self) -> str:
         return f"bound='{self.kind}:{self.bound}'"

@@ -1,7 +1,7 @@
 """PipeGCN / PSC-GCN: halo rows τ iterations stale, exchanged while the
 layers compute."""
 from collections import deque
-from typing import Deque, Optional, Sequence, Tuple, Union
+from typing import Any, Deque, Dict, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -11,7 +11,20 @@ from pyg_dist.comm import HaloPlan
 from pyg_dist.comm.exchange import Pending, start_exchange
 
 Rows = Union[Tensor, Pending]  # received rows, or rows still in flight
-InFlight = Tuple[Rows, HaloPlan]  # and the plan they were exchanged for
+# ...and the plan they were exchanged for (None: restored from a checkpoint)
+InFlight = Tuple[Rows, Optional[HaloPlan]]
+
+
+class _Sent(NamedTuple):
+    r"""Where the gradients of a plan's sent rows go: their inner rows and
+    their positions in ``data.send_index`` (what a checkpoint keeps of a
+    plan)."""
+    index: Tensor
+    rows: Tensor
+
+    @classmethod
+    def of(cls, plan: HaloPlan) -> "_Sent":
+        return cls(plan.send_index, plan.send_rows())
 
 
 class _Smoother:
@@ -34,6 +47,13 @@ class _Smoother:
         self.seen[index] = True
         return smoothed
 
+    def state_dict(self) -> Optional[Dict[str, Tensor]]:
+        return None if self.value is None else {"value": self.value, "seen": self.seen}
+
+    def load_state_dict(self, state: Optional[Dict[str, Tensor]]) -> None:
+        if state is not None:
+            self.value, self.seen = state["value"], state["seen"]
+
 
 class _Pipe:
     r"""One layer input's pipeline: rows in flight for the coming
@@ -41,7 +61,7 @@ class _Pipe:
 
     def __init__(self) -> None:
         self.rows: Deque[InFlight] = deque()
-        self.grads: Deque[InFlight] = deque()
+        self.grads: Deque[Tuple[Rows, _Sent]] = deque()
         self.fetched_at = -1
         self.backward_started = False
         self.features: Optional[_Smoother] = None
@@ -128,7 +148,7 @@ class PipelineCache(HaloCache):
                                    f"iteration: call cache.step() after each iteration")
             pipe.rows.append((self._start(key, x, ahead[tau - 1]), ahead[tau - 1]))
             rows, started_for = pipe.rows.popleft()
-            if started_for is not plan:  # the same on every rank: all raise together
+            if started_for is not plan and started_for is not None:  # all ranks raise
                 raise RuntimeError(
                     f"Layer '{key}': the rows exchanged {tau} iteration(s) ago were for "
                     f"another plan than this iteration's: pass the plans of the coming "
@@ -161,18 +181,52 @@ class PipelineCache(HaloCache):
                                  ctx.codec)
         ctx.stats.add_bytes(key + ".grad", plan.num_recv * pending.row_bytes,
                             plan.num_send * pending.row_bytes)
-        if not pipe.backward_started:  # first iteration: synchronous
+        if not pipe.backward_started:  # first iteration: synchronous, then τ-stale
             pipe.backward_started = True
-            received = self._wait(pending)
-            pipe.grads.extend([(received, plan)] * self.staleness)
+            pipe.grads.extend([(self._wait(pending), _Sent.of(plan))] * (self.staleness + 1))
         else:
-            pipe.grads.append((pending, plan))
-            received, plan = pipe.grads.popleft()
-            received = self._wait(received)
+            pipe.grads.append((pending, _Sent.of(plan)))
+        received, sent = pipe.grads.popleft()
+        received = self._wait(received)
         if pipe.gradients is not None:
-            received = pipe.gradients(received, plan.send_rows())
-        grad = received.new_zeros((plan.num_inner, ) + tuple(received.shape[1:]))
-        return grad.index_add_(0, plan.send_index, received)
+            received = pipe.gradients(received, sent.rows)
+        grad = received.new_zeros((ctx.data.num_inner, ) + tuple(received.shape[1:]))
+        return grad.index_add_(0, sent.index, received)
+
+    def state_dict(self) -> Dict[str, Any]:
+        r"""The rows and gradients in flight (waited for: a checkpoint holds
+        values), the smoothers' averages and the iteration. The plans the
+        rows were exchanged for are not kept: on resume the sampler draws
+        them again (functions of the seed and the iteration)."""
+        pipes = {}
+        for key, pipe in self.pipes.items():
+            pipe.rows = deque((self._wait(rows), plan) for rows, plan in pipe.rows)
+            pipe.grads = deque((self._wait(grads), sent) for grads, sent in pipe.grads)
+            pipes[key] = {
+                "rows": [rows for rows, _ in pipe.rows],
+                "grads": [(grads, sent.index, sent.rows) for grads, sent in pipe.grads],
+                "fetched_at": pipe.fetched_at, "backward_started": pipe.backward_started,
+                "features": pipe.features.state_dict() if pipe.features else None,
+                "gradients": pipe.gradients.state_dict() if pipe.gradients else None}
+        return {**super().state_dict(), "pipes": pipes}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        num_halo, num_send = self.ctx.data.num_halo, self.ctx.data.send_index.numel()
+        self.pipes = {}
+        for key, saved in state["pipes"].items():
+            pipe = self.pipes[key] = _Pipe()
+            pipe.rows.extend((rows, None) for rows in saved["rows"])
+            pipe.grads.extend((grads, _Sent(index, rows))
+                              for grads, index, rows in saved["grads"])
+            pipe.fetched_at, pipe.backward_started = (saved["fetched_at"],
+                                                      saved["backward_started"])
+            if self.smooth_features is not None:
+                pipe.features = _Smoother(self.smooth_features, num_halo)
+                pipe.features.load_state_dict(saved["features"])
+            if self.smooth_grads is not None:
+                pipe.gradients = _Smoother(self.smooth_grads, num_send)
+                pipe.gradients.load_state_dict(saved["gradients"])
 
     def finish(self) -> None:
         errors = []

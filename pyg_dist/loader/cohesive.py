@@ -186,6 +186,12 @@ class CohesiveBatchLoader:
             self._counts[index] = max(float(sum_over_ranks(mask.sum().double())), 1.0)
         return self._counts[index]
 
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "iteration": self.iteration}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.iteration = state["epoch"], state["iteration"]
+
     def close(self) -> None:
         r"""Nothing runs in the background (same interface as
         :class:`~pyg_dist.sampler.PlanPrefetcher`)."""

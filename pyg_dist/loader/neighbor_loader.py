@@ -98,7 +98,8 @@ class DistNeighborLoader:
         self.stats = CommStats()
         self.sample_idle = 0.0  # without workers: the time spent sampling
         self.groups = [new_gloo_group() for _ in range(num_workers)]
-        self.pool = SamplerPool(self._produce, num_workers, adaptive) if num_workers else None
+        self.adaptive = adaptive
+        self.pool: Optional[SamplerPool] = None  # started by the first epoch
 
     def __len__(self) -> int:
         return self.steps
@@ -133,9 +134,21 @@ class DistNeighborLoader:
         batch.num_nodes = n
         return batch, stats
 
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        r"""Continues with epoch ``state["epoch"]`` (before the first epoch)."""
+        if self.pool is not None:
+            raise RuntimeError("load_state_dict before the first epoch")
+        self.epoch = state["epoch"]
+
     def __iter__(self) -> Iterator[Data]:
         first = self.epoch * self.steps
         self.epoch += 1
+        if self.pool is None and self.groups:
+            self.pool = SamplerPool(self._produce, len(self.groups), self.adaptive,
+                                    first_job=first)
         if self.pool is not None:
             while self.pool.next_job < first:  # the rest of an epoch left early
                 self.pool.get(self.pool.next_job)

@@ -35,13 +35,13 @@ class SamplerPool:
     """
 
     def __init__(self, produce: Callable[[int, int], Any], num_workers: int,
-                 adaptive: bool = True, momentum: float = 0.8) -> None:
+                 adaptive: bool = True, momentum: float = 0.8, first_job: int = 0) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1 (got {num_workers})")
         self.produce, self.num_workers, self.adaptive = produce, num_workers, adaptive
         self.momentum = momentum
         self.target = 1 if adaptive else num_workers
-        self.next_job = 0
+        self.next_job = first_job
         self.stop_at: Optional[int] = None  # once closing: jobs below it still run
         self.ready: Dict[int, Any] = {}
         self.error: Optional[BaseException] = None
@@ -50,7 +50,7 @@ class SamplerPool:
         self.train_time: Optional[float] = None
         self._returned: Optional[float] = None
         self.reset_report()
-        self.threads = [threading.Thread(target=self._work, args=(w, ), daemon=True,
+        self.threads = [threading.Thread(target=self._work, args=(w, first_job), daemon=True,
                                          name=f"pyg_dist-sampler-{w}")
                         for w in range(num_workers)]
         for t in self.threads:
@@ -61,8 +61,8 @@ class SamplerPool:
             return job < self.stop_at
         return job < self.next_job + self.target
 
-    def _work(self, worker: int) -> None:
-        job = worker
+    def _work(self, worker: int, first_job: int) -> None:
+        job = first_job + worker  # the same job-to-worker map on every rank
         while True:
             with self.cond:
                 while not self._permitted(job):

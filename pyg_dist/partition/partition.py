@@ -1,6 +1,7 @@
 """``partition_graph()``: split a graph into per-rank partition files."""
 import hashlib
 import os
+import os.path as osp
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
@@ -62,6 +63,7 @@ def partition_graph(
     root: Optional[str] = None,
     seed: int = 0,
     block_hops: int = 2,
+    inductive: bool = False,
 ) -> PartitionBook:
     r"""Partitions :obj:`data` into :obj:`num_parts` parts for
     partition-parallel training and, if :obj:`root` is given, writes
@@ -81,6 +83,10 @@ def partition_graph(
     the nodes of the :obj:`balance` masks, assigned to keep blocks'
     neighbourhoods together and those masks balanced (mini-batch sampling
     then stays mostly local).
+
+    With :obj:`inductive`, ``root/train_graph`` also receives the same parts
+    of the subgraph induced by the train nodes (inductive training: the
+    model never sees the other nodes until evaluation).
 
     Directed graphs are accepted: METIS sees the symmetrised structure, and
     message passing follows the edge directions as given. Missing masks
@@ -106,6 +112,23 @@ def partition_graph(
     else:
         assignment = random_assignment(num_nodes, num_parts, seed)
 
+    settings = {"method": method, "objective": objective if method == "metis" else None,
+                "balance": list(balance), "seed": seed,
+                "block_hops": block_hops if method == "block" else None}
+    if inductive:
+        if root is None or getattr(data, "train_mask", None) is None:
+            raise ValueError("inductive partitions need a root and a train_mask")
+        train = data.train_mask.view(-1).bool()
+        write_parts(data.subgraph(train), assignment[train], num_parts, settings,
+                    osp.join(root, "train_graph"))
+    return write_parts(data, assignment, num_parts, settings, root)
+
+
+def write_parts(data: Data, assignment: Tensor, num_parts: int, settings: Dict[str, Any],
+                root: Optional[str]) -> PartitionBook:
+    r"""Builds the parts of :obj:`assignment` and their book, and writes them
+    to :obj:`root` if given (``settings``: how the assignment was made)."""
+    edge_index, num_nodes = data.edge_index, data.num_nodes
     parts, part_stats, halos, partptr, perm = build_parts(data, assignment, num_parts)
     ghash = graph_hash(data)
     for item in parts:
@@ -119,10 +142,7 @@ def partition_graph(
         num_classes = int(y.size(1)) if y.dim() > 1 else int(y.max()) + 1
     meta: Dict[str, Any] = {
         "format_version": FORMAT_VERSION, "graph_hash": ghash,
-        "num_parts": num_parts, "method": method,
-        "objective": objective if method == "metis" else None,
-        "balance": list(balance), "seed": seed,
-        "block_hops": block_hops if method == "block" else None,
+        "num_parts": num_parts, **settings,
         "num_nodes": num_nodes, "num_edges": int(edge_index.size(1)),
         "num_features": int(data.x.size(1)) if data.x is not None else 0,
         "num_classes": num_classes,

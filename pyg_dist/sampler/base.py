@@ -1,5 +1,5 @@
 """``BoundarySampler``: the base of every halo sampler."""
-from typing import Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 from torch import Tensor
@@ -66,6 +66,14 @@ class BoundarySampler:
 
     def attach(self, ctx) -> None:
         r"""Called once with the model's :class:`~pyg_dist.nn.DistContext`."""
+
+    def state_dict(self) -> Dict[str, Any]:
+        r"""What the sampler has learned, for a checkpoint (plans themselves
+        are functions of ``(seed, iteration)`` and need no state)."""
+        return {}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        r"""Restores :meth:`state_dict` (resuming a run)."""
 
     def generator(self, iteration: int, *keys: int) -> torch.Generator:
         r"""A CPU generator seeded by ``(seed, iteration, *keys)``: two ranks

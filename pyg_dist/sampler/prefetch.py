@@ -69,6 +69,16 @@ class PlanPrefetcher:
             self._submit()
         return plan, upcoming
 
+    def state_dict(self) -> dict:
+        r"""The iterations whose plans were used (those drawn ahead are drawn
+        again on resume: plans are functions of the iteration)."""
+        return {"iteration": self.iteration - len(self.pending)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.pending:
+            raise RuntimeError("load_state_dict before the first plan is drawn")
+        self.iteration = state["iteration"]
+
     def close(self) -> None:
         r"""Waits for the plans in flight (their collectives must complete on
         every rank) and releases the thread and the sampler's group."""

@@ -1,6 +1,6 @@
 """PSC-GCN: variance-reduction neighbour sampling."""
 import math
-from typing import Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 from torch import Tensor
@@ -174,6 +174,18 @@ class VarianceReductionSampler(BoundarySampler):
         self.observing = self._due(iteration + 1)
         probability, scale = self.edge_probability, self.edge_scale  # replaced, never mutated
         return lambda: self.sample_edges(iteration, probability=probability, scale=scale)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"edge_probability": self.edge_probability, "edge_scale": self.edge_scale,
+                "probability_version": self.probability_version,
+                "refreshed_at": self.refreshed_at, "observing": self.observing,
+                "row_norms": dict(self._row_norms), "seen": dict(self._seen)}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.edge_probability, self.edge_scale = state["edge_probability"], state["edge_scale"]
+        self.probability_version = state["probability_version"]
+        self.refreshed_at, self.observing = state["refreshed_at"], state["observing"]
+        self._row_norms, self._seen = dict(state["row_norms"]), dict(state["seen"])
 
     def edge_weights(self) -> Tensor:
         r""":math:`w_{ij} = \sqrt{a_j}\, c_{ij} \|\mathbf y_j\|` per edge."""

@@ -1,0 +1,140 @@
+"""Per-epoch training checkpoints: one file per rank, so a run killed at any
+point resumes from its last complete epoch with exactly the state an
+uninterrupted run would have had."""
+import json
+import os
+import os.path as osp
+import random
+import shutil
+from typing import Any, Dict, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from pyg_dist.distributed import device
+from pyg_dist.partition.book import safe_load
+
+LATEST = "latest.json"
+
+
+class CheckpointError(RuntimeError):
+    r"""A checkpoint that is missing, corrupt or from another run."""
+
+
+class Checkpointer:
+    r"""Writes and reads the checkpoints of one training run in
+    :obj:`directory`:
+
+    * ``epoch_{E}/rank_{r}.pt``: everything rank :math:`r` needs to continue
+      after epoch :math:`E` (model, optimiser, RNG, sampler, cache and
+      loader state, the metrics so far), written to a temporary file and
+      renamed, so a file is whole or absent;
+    * ``latest.json``: the last epoch *every* rank wrote (rank 0 writes it
+      after a barrier), and what the run must match to resume from it
+      (:obj:`identity`: world size, graph, hyper-parameters).
+
+    Older epochs are removed once a newer one is complete, so a crash while
+    writing leaves the previous checkpoint in place. Files are read with
+    ``weights_only=True``: a tampered file raises, it never executes code.
+    """
+
+    def __init__(self, directory: str, every: int, identity: Dict[str, Any]) -> None:
+        if every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0 (got {every})")
+        self.directory, self.every, self.identity = directory, every, identity
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+
+    def due(self, epoch: int, last_epoch: int) -> bool:
+        return self.every > 0 and (epoch % self.every == 0 or epoch == last_epoch)
+
+    def _epoch_dir(self, epoch: int) -> str:
+        return osp.join(self.directory, f"epoch_{epoch}")
+
+    def save(self, epoch: int, state: Dict[str, Any]) -> None:
+        r"""Every rank saves its :obj:`state` after :obj:`epoch` (a collective)."""
+        folder = self._epoch_dir(epoch)
+        os.makedirs(folder, exist_ok=True)
+        path = osp.join(folder, f"rank_{self.rank}.pt")
+        torch.save({"epoch": epoch, **state}, path + ".tmp")
+        os.replace(path + ".tmp", path)
+        if self.world_size > 1:
+            dist.barrier()  # every rank's file is complete before latest.json names it
+        if self.rank == 0:
+            _write_json(osp.join(self.directory, LATEST),
+                        {"epoch": epoch, **self.identity})
+            for name in os.listdir(self.directory):
+                if name.startswith("epoch_") and name != osp.basename(folder):
+                    shutil.rmtree(osp.join(self.directory, name), ignore_errors=True)
+        if self.world_size > 1:
+            dist.barrier()  # nobody reads latest.json before it names this epoch
+
+    def load(self) -> Dict[str, Any]:
+        r"""This rank's state of the latest complete checkpoint; raises
+        :class:`CheckpointError` if there is none, if it was written by a
+        run with another world size, graph or hyper-parameters, or if a
+        file is corrupt."""
+        latest = osp.join(self.directory, LATEST)
+        if not osp.exists(latest):
+            raise CheckpointError(f"Cannot resume: no checkpoint in '{self.directory}' "
+                                  f"(train with --checkpoint-every N first)")
+        try:
+            with open(latest) as f:
+                meta = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"Checkpoint index '{latest}' is corrupt: {e}") from e
+        differ = {k: (meta.get(k), v) for k, v in self.identity.items() if meta.get(k) != v}
+        if differ:
+            lines = "; ".join(f"{k}: checkpoint {a!r}, this run {b!r}"
+                              for k, (a, b) in sorted(differ.items()))
+            raise CheckpointError(f"Cannot resume from '{self.directory}': it belongs to "
+                                  f"another run ({lines})")
+        if self.world_size > 1:  # e.g. ranks given different directories
+            epochs = torch.tensor([meta["epoch"], -meta["epoch"]], dtype=torch.long,
+                                  device=device())
+            dist.all_reduce(epochs, op=dist.ReduceOp.MAX)
+            if int(epochs[0]) != -int(epochs[1]):
+                raise CheckpointError(f"Ranks found different latest checkpoints (epochs "
+                                      f"{-int(epochs[1])} to {int(epochs[0])}): is "
+                                      f"'{self.directory}' the same directory on every node?")
+        path = osp.join(self._epoch_dir(meta["epoch"]), f"rank_{self.rank}.pt")
+        if not osp.exists(path):
+            raise CheckpointError(f"Checkpoint file '{path}' is missing "
+                                  f"({LATEST} names epoch {meta['epoch']})")
+        try:
+            state = safe_load(path)
+        except RuntimeError as e:
+            raise CheckpointError(str(e)) from e
+        if not isinstance(state, dict) or state.get("epoch") != meta["epoch"]:
+            raise CheckpointError(f"'{path}' is not the checkpoint of epoch {meta['epoch']}")
+        return state
+
+
+def _write_json(path: str, obj: Any) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def rng_state(device: Optional[torch.device] = None) -> Dict[str, Any]:
+    r"""The random states a training step draws from (dropout and anything
+    else on torch's default generators, Python's and NumPy's)."""
+    version, keys, gauss = random.getstate()
+    np_state = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "python": [version, list(keys), gauss],
+             "numpy": [torch.from_numpy(np_state[1].astype(np.int64)), int(np_state[2]),
+                       int(np_state[3]), float(np_state[4])]}
+    if device is not None and device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: Dict[str, Any], device: Optional[torch.device] = None) -> None:
+    torch.set_rng_state(state["torch"])
+    version, keys, gauss = state["python"]
+    random.setstate((version, tuple(keys), gauss))
+    keys_np, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state(("MT19937", keys_np.numpy().astype(np.uint32), pos, has_gauss, cached))
+    if device is not None and device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
