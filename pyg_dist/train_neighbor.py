@@ -37,7 +37,8 @@ def train_neighbor(root: str, config: TrainConfig,
     num_classes = int(max_over_ranks(torch.tensor([num_classes_of(data.y)]))[0])
     model = build_model(config, data.num_features, num_classes).to(device)
     _broadcast_params(model)
-    eval_data = data.to(device) if device.type != "cpu" else data
+    # Data.to moves in place: the sampler and the feature store keep the CPU rows.
+    eval_data = copy.copy(data).to(device) if device.type != "cpu" else data
     evaluator = pyg_dist.nn.distribute(copy.deepcopy(model), eval_data)
     if config.inductive:  # batches are sampled from the train nodes' subgraph
         data = pyg_dist.DistData.load(train_graph_root(root), rank)

@@ -132,6 +132,8 @@ class DistNeighborLoader:
                      batch_size=seeds.numel(), num_sampled_nodes=sub.num_sampled_nodes,
                      num_sampled_edges=sub.num_sampled_edges)
         batch.num_nodes = n
+        if self.device.type == "cuda":  # page-locked: the trainer's copy runs async
+            batch = batch.pin_memory()
         return batch, stats
 
     def state_dict(self) -> dict:
@@ -160,7 +162,7 @@ class DistNeighborLoader:
                 batch, stats = self._produce(job, -1)
                 self.sample_idle += time.perf_counter() - start
             self.stats.merge(stats)
-            yield batch.to(self.device)
+            yield batch.to(self.device, non_blocking=True)
 
     def reset_report(self) -> None:
         self.stats.reset()
