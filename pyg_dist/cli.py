@@ -240,7 +240,7 @@ def cmd_partition(args: argparse.Namespace) -> None:
     book = partition_graph(data, args.num_parts, method=args.method,
                            block_hops=args.block_hops,
                            objective=args.objective, root=args.root, seed=args.seed,
-                           inductive=args.inductive)
+                           inductive=args.inductive, progress=True)
     print(book.summary())
     print(f"wrote {args.num_parts} partitions to {args.root}")
     if args.num_batches:
@@ -296,6 +296,14 @@ def cmd_train(args: argparse.Namespace) -> None:
     summary = run_training(args.root, _config(args), args.out, args.nproc, args.timeout)
     if int(os.environ.get("RANK", 0)) == 0:
         print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=1))
+        if args.out and not args.no_plots:
+            from pyg_dist.plots import plot_run
+            print(f"plots: {', '.join(plot_run(args.out))}")
+
+
+def cmd_plot(args: argparse.Namespace) -> None:
+    from pyg_dist.plots import plot_run
+    print("\n".join(plot_run(args.out)))
 
 
 def cmd_predict(args: argparse.Namespace) -> None:
@@ -344,9 +352,15 @@ def main(argv: Optional[List[str]] = None) -> None:
 
     p = sub.add_parser("train", help="full-graph partition-parallel training")
     p.add_argument("--root", required=True, help="partition directory")
-    p.add_argument("--out", default=None, help="directory for metrics and the model")
+    p.add_argument("--out", default=None, help="results folder: metrics.jsonl, "
+                   "summary.json, the model, PNG plots and checkpoints")
+    p.add_argument("--no-plots", action="store_true", help="no PNG plots in --out")
     _add_train_args(p)
     p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("plot", help="(re)draw the PNG plots of a results folder")
+    p.add_argument("out", help="the --out folder of a training run")
+    p.set_defaults(fn=cmd_plot)
 
     p = sub.add_parser("predict", help="distributed full-graph inference of a trained model")
     p.add_argument("--root", required=True, help="partition directory")

@@ -260,6 +260,16 @@ def sum_over_ranks(t: Tensor) -> Tensor:
     return t
 
 
+def gather_over_ranks(value: float, device: Optional[torch.device] = None) -> List[float]:
+    r"""Every rank's :obj:`value`, in rank order (a collective)."""
+    t = torch.tensor([float(value)], dtype=torch.double, device=device)
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [float(t)]
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return [float(v) for v in out]
+
+
 def max_over_ranks(t: Tensor) -> Tensor:
     r"""In-place maximum of :obj:`t` over the default group's ranks."""
     if dist.is_initialized() and dist.get_world_size() > 1:

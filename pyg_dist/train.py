@@ -22,7 +22,7 @@ from pyg_dist.cache import FeatureCache, build_cache, check_cache
 from pyg_dist.checkpoint import Checkpointer, rng_state, set_rng_state
 from pyg_dist.comm.compress import get_codec
 from pyg_dist.datasets.real import f1_counts
-from pyg_dist.distributed import max_over_ranks, sum_over_ranks
+from pyg_dist.distributed import gather_over_ranks, max_over_ranks, sum_over_ranks
 from pyg_dist.loader import CohesiveBatchLoader, DistNeighborSampler, load_batches
 from pyg_dist.loader.balance import has_batch_parts
 from pyg_dist.metrics import peak_memory_bytes, reset_peak_memory
@@ -406,6 +406,7 @@ def _train_epoch(epoch: int, model, data, config: TrainConfig, plans: PlanPrefet
                bytes_sent=int(sums[1]), bytes_recv=int(sums[2]),
                halo_rows=int(sums[3]), halo_rows_total=int(sums[4]),
                peak_mem_bytes=int(maxes[4]), peak_mem_bytes_mean=int(sums[5] / world),
+               peak_mem_per_rank=[int(v) for v in gather_over_ranks(peak, device)],
                cache_hit_rate=float(sums[6] / sums[7]) if sums[7] > 0 else None,
                bytes_saved=int(sums[8]), world_size=world)
     return row

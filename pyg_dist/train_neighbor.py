@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 import pyg_dist
-from pyg_dist.distributed import max_over_ranks, sum_over_ranks
+from pyg_dist.distributed import gather_over_ranks, max_over_ranks, sum_over_ranks
 from pyg_dist.loader.neighbor_loader import DistNeighborLoader
 from pyg_dist.metrics import CommStats, peak_memory_bytes, reset_peak_memory
 from pyg_dist.train import (MASKS, TrainConfig, _accuracies, _allreduce_grads,
@@ -123,6 +123,7 @@ def _epoch(epoch: int, model, evaluator, data, loader: DistNeighborLoader, optim
                bytes_sent=int(sent), bytes_recv=int(recv),
                halo_rows=int(lookups - hits), halo_rows_total=int(halo_total),
                peak_mem_bytes=int(peak_max), peak_mem_bytes_mean=int(peak_sum / world),
+               peak_mem_per_rank=[int(v) for v in gather_over_ranks(peak, device)],
                cache_hit_rate=hits / lookups if loader.store.num_cached and lookups else None,
                bytes_saved=int(hits * row_bytes), world_size=world,
                seeds_per_s=seeds / step_time, trainer_idle=idle,

@@ -23,10 +23,14 @@ def test_partition_info_train(tmp_path):
             "--data-dir", str(tmp_path / "data"))
     assert "halo/inner" in p.stdout and "edge_cut" in p.stdout
     assert "comm_volume" in run("info", root).stdout
+    run("train", "--root", root, "--out", out, "--epochs", "2", "--hidden", "16",
+        "--no-progress", "--model", "gcn", "--checkpoint-every", "1")
+    assert {"curves.png", "time_breakdown.png", "memory.png"} <= set(os.listdir(out))
     run("train", "--root", root, "--out", out, "--epochs", "3", "--hidden", "16",
-        "--no-progress", "--model", "gcn")
+        "--no-progress", "--model", "gcn", "--resume")
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert [r["epoch"] for r in rows] == [1, 2, 3]
+    assert len(rows[-1]["peak_mem_per_rank"]) == 2
     pred = str(tmp_path / "pred")
     run("predict", "--root", root, "--model-dir", out, "--out", pred)
     assert sorted(os.listdir(pred)) == ["pred_0.pt", "pred_1.pt"]

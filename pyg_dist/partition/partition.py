@@ -64,6 +64,7 @@ def partition_graph(
     seed: int = 0,
     block_hops: int = 2,
     inductive: bool = False,
+    progress: bool = False,
 ) -> PartitionBook:
     r"""Partitions :obj:`data` into :obj:`num_parts` parts for
     partition-parallel training and, if :obj:`root` is given, writes
@@ -91,11 +92,15 @@ def partition_graph(
     Directed graphs are accepted: METIS sees the symmetrised structure, and
     message passing follows the edge directions as given. Missing masks
     named in :obj:`balance` raise; pass ``balance=()`` to balance node counts
-    only. The result is deterministic for a :obj:`seed`.
+    only. The result is deterministic for a :obj:`seed`. :obj:`progress`
+    shows a bar over the steps (assignment, parts, files).
     """
     balance = tuple(balance)
     _validate(data, num_parts, method, objective, balance)
     num_nodes, edge_index = data.num_nodes, data.edge_index
+    from tqdm import tqdm
+    bar = tqdm(total=2 + inductive, desc=f"partition ({method})", unit="step",
+               disable=not progress)
 
     masks = torch.stack([getattr(data, key).view(-1).bool() for key in balance],
                         1) if balance else None
@@ -111,6 +116,7 @@ def partition_graph(
         assignment = block_assignment(edge_index, num_nodes, masks, num_parts, block_hops)
     else:
         assignment = random_assignment(num_nodes, num_parts, seed)
+    bar.update()
 
     settings = {"method": method, "objective": objective if method == "metis" else None,
                 "balance": list(balance), "seed": seed,
@@ -119,9 +125,15 @@ def partition_graph(
         if root is None or getattr(data, "train_mask", None) is None:
             raise ValueError("inductive partitions need a root and a train_mask")
         train = data.train_mask.view(-1).bool()
+        bar.set_postfix_str("train-node subgraph")
         write_parts(data.subgraph(train), assignment[train], num_parts, settings,
                     osp.join(root, "train_graph"))
-    return write_parts(data, assignment, num_parts, settings, root)
+        bar.update()
+    bar.set_postfix_str("parts" + (" and files" if root else ""))
+    book = write_parts(data, assignment, num_parts, settings, root)
+    bar.update()
+    bar.close()
+    return book
 
 
 def write_parts(data: Data, assignment: Tensor, num_parts: int, settings: Dict[str, Any],
