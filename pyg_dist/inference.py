@@ -7,6 +7,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch_geometric.nn import MessagePassing
+from tqdm import tqdm
 
 import pyg_dist
 from pyg_dist.data import DistData
@@ -14,7 +16,8 @@ from pyg_dist.data import DistData
 
 @torch.no_grad()
 def predict(model: torch.nn.Module, root: str, out_dir: Optional[str] = None,
-            gather: bool = False, logits: bool = False) -> Optional[Tensor]:
+            gather: bool = False, logits: bool = False,
+            progress: bool = False) -> Optional[Tensor]:
     r"""Runs the trained plain PyG :obj:`model` on the whole graph, one
     partition of :obj:`root` per rank of the current process group (a world
     of one is created if none exists); no rank holds more than its partition.
@@ -28,14 +31,22 @@ def predict(model: torch.nn.Module, root: str, out_dir: Optional[str] = None,
       original id (other ranks return ``None``); only predictions travel.
 
     The model is copied and distributed, so it stays a plain model; the
-    result is exact (equal to single-process PyG on the whole graph)."""
+    result is exact (equal to single-process PyG on the whole graph).
+    :obj:`progress` shows rank 0's layers as they finish."""
     pyg_dist.init()
     rank = dist.get_rank()
     device = pyg_dist.device()
     data = DistData.load(root, rank).to(device)
     twin = pyg_dist.nn.distribute(copy.deepcopy(model).to(device), data)
     twin.eval()
+    layers = [m for m in twin.modules() if isinstance(m, MessagePassing)]
+    bar = tqdm(total=len(layers), desc="predict", unit="layer",
+               disable=not progress or rank != 0)
+    hooks = [m.register_forward_hook(lambda *_: bar.update()) for m in layers]
     out = twin(data.x, data.adj_t)
+    for hook in hooks:
+        hook.remove()
+    bar.close()
     twin.dist_context.finish()
     multilabel = data.y is not None and data.y.dim() > 1
     pred = out if logits else (out > 0) if multilabel else out.argmax(-1)

@@ -228,8 +228,9 @@ def resume_runs(root: str, out: str, configs: dict):
         half = dataclasses.replace(config, epochs=config.epochs // 2, checkpoint_every=1)
         train(root, half, parts)
         b = train(root, dataclasses.replace(config, resume=True, checkpoint_every=1), parts)
-        results[name] = (_params(whole), _params(parts), a["final_loss"], b["final_loss"],
-                         a["epochs"], b["epochs"])
+        if dist.get_rank() == 0:  # rank 0 wrote the models (the others may be ahead)
+            results[name] = (_params(whole), _params(parts), a["final_loss"],
+                             b["final_loss"], a["epochs"], b["epochs"])
     return results
 
 
