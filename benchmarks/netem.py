@@ -375,26 +375,37 @@ class Network:
         after :obj:`timeout` seconds or on an exception (``Ctrl-C``)."""
         cmds = _per_rank(cmd, self.num_ranks)
         port = master_port or self.default_master_port()
-        # Output goes to files: pipes that nobody reads while waiting would
-        # fill up and block the ranks.
-        logs = [tempfile.TemporaryFile("w+") for _ in range(self.num_ranks)]
-        procs: List[subprocess.Popen] = []
-        try:
-            for r in range(self.num_ranks):
-                procs.append(subprocess.Popen(
-                    self.exec_prefix(r) + list(cmds[r]), env=self.env(r, port, env),
-                    stdin=subprocess.DEVNULL, stdout=logs[r], stderr=subprocess.STDOUT,
-                    start_new_session=True))
-            _wait_all(procs, timeout)
-        finally:
-            for proc in procs:
-                _kill(proc)
-            outputs = []
-            for log in logs:
-                log.seek(0)
-                outputs.append(log.read())
-                log.close()
-        return LaunchResult([proc.returncode for proc in procs], outputs)
+        return launch_processes([self.exec_prefix(r) + list(cmds[r])
+                                 for r in range(self.num_ranks)],
+                                [self.env(r, port, env) for r in range(self.num_ranks)],
+                                timeout)
+
+
+def launch_processes(cmds: Sequence[Command], envs: Sequence[Dict[str, str]],
+                     timeout: float, cwd: Optional[str] = None) -> LaunchResult:
+    r"""Runs :obj:`cmds` side by side (each in its own session, output to a
+    file) and waits for all of them. Once one fails, the others get
+    :obj:`_FAIL_GRACE` seconds to notice before they and their children are
+    killed; all are killed after :obj:`timeout` seconds or on an exception."""
+    # Output goes to files: pipes that nobody reads while waiting would
+    # fill up and block the processes.
+    logs = [tempfile.TemporaryFile("w+") for _ in cmds]
+    procs: List[subprocess.Popen] = []
+    try:
+        for cmd, env, log in zip(cmds, envs, logs):
+            procs.append(subprocess.Popen(list(cmd), env=env, cwd=cwd,
+                                          stdin=subprocess.DEVNULL, stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+        _wait_all(procs, timeout)
+    finally:
+        for proc in procs:
+            _kill(proc)
+        outputs = []
+        for log in logs:
+            log.seek(0)
+            outputs.append(log.read())
+            log.close()
+    return LaunchResult([proc.returncode for proc in procs], outputs)
 
 
 def _per_rank(cmd: Union[Command, Sequence[Command]], num_ranks: int) -> List[Command]:

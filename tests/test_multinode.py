@@ -60,7 +60,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from typing import List, Optional
 
@@ -72,6 +71,8 @@ RDZV_PORT = 29400  # every namespace has its own port space
 EPOCHS = 5
 LAUNCH_TIMEOUT = 150.0  # seconds for both agents (the run takes ~20 s on 2 idle cores)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+from netem import launch_processes  # noqa: E402  (one launcher for benchmarks and tests)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -168,56 +169,6 @@ def _agent(node: int, ns: str, run_id: str, parts: str, out: str) -> List[str]:
             "--epochs", str(EPOCHS), "--hidden", "16", "--no-progress", "--timeout", "60"]
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    r"""Ends an agent and its workers (its own session): SIGTERM, then
-    SIGKILL for what still runs a few seconds later."""
-    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        if proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            pass
-    proc.wait(timeout=5)
-
-
-def _launch(cmds: List[List[str]], envs: List[dict], timeout: float):
-    r"""Runs the agents side by side; returns their exit codes (``None``:
-    killed at the deadline, or a few seconds after the other one failed)
-    and their output."""
-    logs = [tempfile.TemporaryFile("w+") for _ in cmds]
-    procs: List[subprocess.Popen] = []
-    codes: List[Optional[int]] = [None] * len(cmds)
-    try:
-        for cmd, env, log in zip(cmds, envs, logs):
-            procs.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdin=subprocess.DEVNULL,
-                                          stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True))
-        deadline, failed_at = time.monotonic() + timeout, None
-        while time.monotonic() < deadline:
-            codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes):
-                break
-            if failed_at is None and any(c for c in codes):
-                failed_at = time.monotonic()
-            if failed_at is not None and time.monotonic() - failed_at > 15:
-                break
-            time.sleep(0.1)
-    finally:
-        for p in procs:
-            _kill_group(p)
-        outputs = []
-        for log in logs:
-            log.seek(0)
-            outputs.append(log.read())
-            log.close()
-    return codes, outputs
-
-
 def test_two_hosts_over_veth(two_hosts, tmp_path):
     parts, out = str(tmp_path / "parts"), str(tmp_path / "run")
     subprocess.run([sys.executable, "-m", "pyg_dist.cli", "partition", "--num-parts", "2",
@@ -230,7 +181,7 @@ def test_two_hosts_over_veth(two_hosts, tmp_path):
     cmds = [_agent(k, ns, run_id, parts, out) for k, ns in enumerate(two_hosts)]
     envs = [dict(os.environ, GLOO_SOCKET_IFNAME=ifname, TP_SOCKET_IFNAME=ifname)
             for ifname in IFNAMES]
-    codes, outputs = _launch(cmds, envs, LAUNCH_TIMEOUT)
+    codes, outputs = launch_processes(cmds, envs, LAUNCH_TIMEOUT, cwd=REPO)
     report = "\n".join(f"--- agent {k} ({' '.join(cmds[k])}) exited with {codes[k]}:\n"
                        f"{outputs[k][-3000:]}" for k in range(2))
     assert codes == [0, 0], report
