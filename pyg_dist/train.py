@@ -307,7 +307,7 @@ def checkpointer(root: str, config: TrainConfig, out_dir: Optional[str],
     run = {k: v for k, v in asdict(config).items() if k not in _RUN_CONTROL}
     return Checkpointer(directory, config.checkpoint_every,
                         {"world_size": world, "graph_hash": read_meta(root)["graph_hash"],
-                         "config": run})
+                         **json.loads(json.dumps(run))})  # compared with what JSON reads
 
 
 def end_of_epoch(epoch: int, row: Dict[str, Any], history: List[Dict[str, Any]],

@@ -100,7 +100,7 @@ def test_tampered_checkpoint_never_executes(one_part, tmp_path, monkeypatch):
 
 def test_other_runs_checkpoint_is_refused(one_part):
     root, out, _ = one_part
-    with pytest.raises(CheckpointError, match="hidden"):
+    with pytest.raises(CheckpointError, match="hidden: checkpoint 16, this run 32"):
         train(root, dataclasses.replace(BASE, hidden=32, epochs=3, resume=True), out)
     with pytest.raises(CheckpointError, match="no checkpoint"):
         train(root, dataclasses.replace(BASE, resume=True), out + "-elsewhere")
