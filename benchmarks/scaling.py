@@ -114,7 +114,7 @@ def plot(sizes: List[Dict[str, Any]], parts: List[Dict[str, Any]], path: str) ->
                 title=f"{parts[0]['num_nodes']:,} nodes vs partitions" if parts else "")
     twin.set_ylabel("peak memory per rank (MiB)")
     axes[3].legend(loc="upper left")
-    twin.legend(loc="upper right")
+    twin.legend(loc="center right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
