@@ -40,8 +40,6 @@ class Checkpointer:
     """
 
     def __init__(self, directory: str, every: int, identity: Dict[str, Any]) -> None:
-        if every < 0:
-            raise ValueError(f"checkpoint_every must be >= 0 (got {every})")
         self.directory, self.every, self.identity = directory, every, identity
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1

@@ -1,5 +1,6 @@
 """``pyg-dist``: partition, inspect and train from the command line."""
 import argparse
+import functools
 import json
 import os
 import sys
@@ -310,8 +311,8 @@ def cmd_predict(args: argparse.Namespace) -> None:
     from pyg_dist.inference import predict
     from pyg_dist.train import load_model
     model = load_model(args.model_dir)
-    _run_ranks(predict, (model, args.root, args.out, False, False, True), args.root, None,
-               args.timeout)
+    _run_ranks(functools.partial(predict, progress=True), (model, args.root, args.out),
+               args.root, None, args.timeout)
     if int(os.environ.get("RANK", 0)) == 0:
         print(f"wrote per-rank predictions (n_id, pred) to {args.out}/pred_*.pt")
 

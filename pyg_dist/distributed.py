@@ -72,6 +72,7 @@ class Heartbeat:
     instead of only which socket closed."""
     current: Optional["Heartbeat"] = None
     interval = 0.5
+    silence = 4 * interval  # seconds without a beat before a rank counts as lost
 
     def __init__(self, host: str, port: int, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
@@ -104,10 +105,10 @@ class Heartbeat:
         return [self.store.add(str(r), 0) for r in range(self.world_size)]
 
 
-def lost_ranks(wait: float = 4 * Heartbeat.interval) -> Optional[List[int]]:
+def lost_ranks(wait: float = Heartbeat.silence) -> Optional[List[int]]:
     r"""The ranks whose heartbeat stopped, watched for :obj:`wait` seconds
-    (``[0]``-style answers name the store's host when the store itself is
-    unreachable); ``None`` without a heartbeat."""
+    (``[0]`` when the store itself is unreachable: rank 0 or its agent hosts
+    it); ``None`` without a heartbeat."""
     beat = Heartbeat.current
     if beat is None:
         return None
@@ -130,7 +131,7 @@ def name_lost_ranks(error: BaseException) -> BaseException:
         return error
     which = ", ".join(map(str, lost))
     return RankLostError(f"lost rank{'s' if len(lost) > 1 else ''} {which} (no heartbeat "
-                         f"for {4 * Heartbeat.interval:.0f} s): {type(error).__name__}: "
+                         f"for {Heartbeat.silence:.0f} s): {type(error).__name__}: "
                          f"{error}".rstrip())
 
 

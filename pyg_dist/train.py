@@ -385,11 +385,11 @@ def _train_epoch(epoch: int, model, data, config: TrainConfig, plans: PlanPrefet
     row = {"epoch": epoch}
     peak = peak_memory_bytes(device)
     sums = torch.tensor([loss.item(), stats.total_bytes_sent, stats.total_bytes_recv,
-                         halo_rows, data.num_halo, peak, stats.counts["cache_hits"],
+                         halo_rows, data.num_halo, stats.counts["cache_hits"],
                          stats.counts["cache_lookups"], stats.counts["bytes_saved"]],
                         dtype=torch.double, device=device)
     maxes = torch.tensor([step_time, stats.time["comm"], stats.time["reduce"],
-                          stats.time["sample"], peak], dtype=torch.double, device=device)
+                          stats.time["sample"]], dtype=torch.double, device=device)
     if epoch % config.eval_every == 0 or epoch == config.epochs:
         if evaluator is not model:
             evaluator.load_state_dict(model.state_dict())
@@ -398,18 +398,26 @@ def _train_epoch(epoch: int, model, data, config: TrainConfig, plans: PlanPrefet
             sums = torch.cat([sums, _correct_counts(evaluator(eval_data.x, eval_data.adj_t),
                                                     eval_data)])
     sums, maxes = sum_over_ranks(sums), max_over_ranks(maxes)
-    row.update(loss=float(sums[0]), **(_accuracies(sums[9:]) if sums.numel() > 9 else
+    row.update(loss=float(sums[0]), **(_accuracies(sums[8:]) if sums.numel() > 8 else
                                       dict.fromkeys(f"{m}_acc" for m in MASKS)))
     row.update(time=float(maxes[0]), time_comm=float(maxes[1]),
                time_reduce=float(maxes[2]), time_sample=float(maxes[3]),
                time_compute=float(maxes[0] - maxes[1] - maxes[2] - maxes[3]),
                bytes_sent=int(sums[1]), bytes_recv=int(sums[2]),
                halo_rows=int(sums[3]), halo_rows_total=int(sums[4]),
-               peak_mem_bytes=int(maxes[4]), peak_mem_bytes_mean=int(sums[5] / world),
-               peak_mem_per_rank=[int(v) for v in gather_over_ranks(peak, device)],
-               cache_hit_rate=float(sums[6] / sums[7]) if sums[7] > 0 else None,
-               bytes_saved=int(sums[8]), world_size=world)
+               **peak_memory_metrics(peak, device),
+               cache_hit_rate=float(sums[5] / sums[6]) if sums[6] > 0 else None,
+               bytes_saved=int(sums[7]), world_size=world)
     return row
+
+
+def peak_memory_metrics(peak: int, device) -> Dict[str, Any]:
+    r"""``peak_mem_bytes`` (max), ``peak_mem_bytes_mean`` and
+    ``peak_mem_per_rank`` from every rank's :obj:`peak` (one all-gather)."""
+    per_rank = [int(v) for v in gather_over_ranks(peak, device)]
+    return {"peak_mem_bytes": max(per_rank),
+            "peak_mem_bytes_mean": int(sum(per_rank) / len(per_rank)),
+            "peak_mem_per_rank": per_rank}
 
 
 def _train_batches(model, data, loader: CohesiveBatchLoader, optimizer, params,

@@ -8,12 +8,13 @@ import torch
 import torch.distributed as dist
 
 import pyg_dist
-from pyg_dist.distributed import gather_over_ranks, max_over_ranks, sum_over_ranks
+from pyg_dist.distributed import max_over_ranks, sum_over_ranks
 from pyg_dist.loader.neighbor_loader import DistNeighborLoader
 from pyg_dist.metrics import CommStats, peak_memory_bytes, reset_peak_memory
 from pyg_dist.train import (MASKS, TrainConfig, _accuracies, _allreduce_grads,
                             _broadcast_params, _correct_counts, build_model, checkpointer,
-                            end_of_epoch, node_loss, num_classes_of, summarize,
+                            end_of_epoch, node_loss, num_classes_of, peak_memory_metrics,
+                            summarize,
                             train_graph_root, training_loop_parts)
 
 
@@ -101,10 +102,10 @@ def _epoch(epoch: int, model, evaluator, data, loader: DistNeighborLoader, optim
     peak = peak_memory_bytes(device)
     sums = torch.tensor([float(loss_sum), report["bytes_sent"], report["bytes_recv"],
                          report["feature_bytes"], report["cache_hits"],
-                         report["cache_lookups"], peak, report["queue_len"],
+                         report["cache_lookups"], report["queue_len"],
                          report["in_flight"], seeds, loader.local_seed_fraction,
                          data.num_halo], dtype=torch.double, device=device)
-    maxes = torch.tensor([step_time, stats.time["reduce"], report["idle"], peak],
+    maxes = torch.tensor([step_time, stats.time["reduce"], report["idle"]],
                          dtype=torch.double, device=device)
     if epoch % config.eval_every == 0 or epoch == config.epochs:
         evaluator.load_state_dict(model.state_dict())
@@ -112,18 +113,17 @@ def _epoch(epoch: int, model, evaluator, data, loader: DistNeighborLoader, optim
         with torch.no_grad():
             sums = torch.cat([sums, _correct_counts(evaluator(data.x, data.adj_t), data)])
     sums, maxes = sum_over_ranks(sums), max_over_ranks(maxes)
-    (loss, sent, recv, feature_bytes, hits, lookups, peak_sum, queue, depth, seeds,
-     local, halo_total) = sums[:12].tolist()
-    step_time, reduce_time, idle, peak_max = maxes.tolist()
+    (loss, sent, recv, feature_bytes, hits, lookups, queue, depth, seeds, local,
+     halo_total) = sums[:11].tolist()
+    step_time, reduce_time, idle = maxes.tolist()
     row = {"epoch": epoch, "loss": loss / num_train}
-    row.update(_accuracies(sums[12:]) if sums.numel() > 12 else
+    row.update(_accuracies(sums[11:]) if sums.numel() > 11 else
                dict.fromkeys(f"{m}_acc" for m in MASKS))
     row.update(time=step_time, time_comm=0.0, time_reduce=reduce_time, time_sample=idle,
                time_compute=step_time - reduce_time - idle,
                bytes_sent=int(sent), bytes_recv=int(recv),
                halo_rows=int(lookups - hits), halo_rows_total=int(halo_total),
-               peak_mem_bytes=int(peak_max), peak_mem_bytes_mean=int(peak_sum / world),
-               peak_mem_per_rank=[int(v) for v in gather_over_ranks(peak, device)],
+               **peak_memory_metrics(peak, device),
                cache_hit_rate=hits / lookups if loader.store.num_cached and lookups else None,
                bytes_saved=int(hits * row_bytes), world_size=world,
                seeds_per_s=seeds / step_time, trainer_idle=idle,

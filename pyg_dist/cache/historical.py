@@ -1,6 +1,6 @@
 """SANCUS: historical halo embeddings with bounded staleness and
 skip-broadcast."""
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -176,9 +176,7 @@ class HistoricalCache(HaloCache):
         self.history.clear()
 
     def state_dict(self) -> Dict[str, Any]:
-        history = {key: {"rows": h.rows, "version": h.version,
-                         "sent_version": h.sent_version, "sent_rows": h.sent_rows,
-                         "last_broadcast": h.last_broadcast}
+        history = {key: {f.name: getattr(h, f.name) for f in fields(h) if f.name != "log"}
                    for key, h in self.history.items()}
         return {**super().state_dict(), "history": history, "max_age": dict(self.max_age),
                 "max_gap": dict(self.max_gap)}

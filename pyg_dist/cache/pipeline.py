@@ -16,15 +16,15 @@ InFlight = Tuple[Rows, Optional[HaloPlan]]
 
 
 class _Sent(NamedTuple):
-    r"""Where the gradients of a plan's sent rows go: their inner rows and
-    their positions in ``data.send_index`` (what a checkpoint keeps of a
-    plan)."""
+    r"""Where the gradients of a plan's sent rows go: their inner rows and,
+    for gradient smoothing only, their positions in ``data.send_index``
+    (what a checkpoint keeps of a plan)."""
     index: Tensor
-    rows: Tensor
+    rows: Optional[Tensor]
 
     @classmethod
-    def of(cls, plan: HaloPlan) -> "_Sent":
-        return cls(plan.send_index, plan.send_rows())
+    def of(cls, plan: HaloPlan, smoothed: bool) -> "_Sent":
+        return cls(plan.send_index, plan.send_rows() if smoothed else None)
 
 
 class _Smoother:
@@ -183,14 +183,15 @@ class PipelineCache(HaloCache):
                             plan.num_send * pending.row_bytes)
         if not pipe.backward_started:  # first iteration: synchronous, then τ-stale
             pipe.backward_started = True
-            pipe.grads.extend([(self._wait(pending), _Sent.of(plan))] * (self.staleness + 1))
+            sent = _Sent.of(plan, pipe.gradients is not None)
+            pipe.grads.extend([(self._wait(pending), sent)] * (self.staleness + 1))
         else:
-            pipe.grads.append((pending, _Sent.of(plan)))
+            pipe.grads.append((pending, _Sent.of(plan, pipe.gradients is not None)))
         received, sent = pipe.grads.popleft()
         received = self._wait(received)
         if pipe.gradients is not None:
             received = pipe.gradients(received, sent.rows)
-        grad = received.new_zeros((ctx.data.num_inner, ) + tuple(received.shape[1:]))
+        grad = received.new_zeros((ctx.num_inner, ) + tuple(received.shape[1:]))
         return grad.index_add_(0, sent.index, received)
 
     def state_dict(self) -> Dict[str, Any]:

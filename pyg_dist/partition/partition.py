@@ -97,6 +97,8 @@ def partition_graph(
     """
     balance = tuple(balance)
     _validate(data, num_parts, method, objective, balance)
+    if inductive and (root is None or getattr(data, "train_mask", None) is None):
+        raise ValueError("inductive partitions need a root and a train_mask")
     num_nodes, edge_index = data.num_nodes, data.edge_index
     from tqdm import tqdm
     bar = tqdm(total=2 + inductive, desc=f"partition ({method})", unit="step",
@@ -122,8 +124,6 @@ def partition_graph(
                 "balance": list(balance), "seed": seed,
                 "block_hops": block_hops if method == "block" else None}
     if inductive:
-        if root is None or getattr(data, "train_mask", None) is None:
-            raise ValueError("inductive partitions need a root and a train_mask")
         train = data.train_mask.view(-1).bool()
         bar.set_postfix_str("train-node subgraph")
         write_parts(data.subgraph(train), assignment[train], num_parts, settings,
