@@ -33,19 +33,18 @@ Usage::
         --link loopback --out /tmp/cohesive.json                   # a quick one
 """
 import argparse
-import json
 import os.path as osp
 import shutil
-import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+import pyg_baselines  # noqa: E402
+from common import MiB, RESULTS_DIR, run, save, summarize  # noqa: E402
 from netem import network_for, parse_link  # noqa: E402
-from sampling import run, save, summarize  # noqa: E402
 
 import pyg_dist  # noqa: E402
 from pyg_dist.datasets import load_default  # noqa: E402
@@ -55,8 +54,7 @@ from pyg_dist.loader.balance import save_batch_parts, split_batch  # noqa: E402
 from pyg_dist.loader.cost import imbalance, rank_costs  # noqa: E402
 from pyg_dist.partition import PartitionBook  # noqa: E402
 
-RESULTS = osp.join(osp.dirname(osp.abspath(__file__)), "results", "cohesive.json")
-MiB = 2**20
+RESULTS = osp.join(RESULTS_DIR, "cohesive.json")
 
 
 def cost_model(data) -> CostModel:
@@ -101,89 +99,35 @@ def costs(data, book, parts: int, num_batches: List[int], seed: int,
     return rows
 
 
+VARIANTS = (("cohesive", False), ("cohesive", True), ("random", False), ("random", True))
+
+
 def batch_roots(workdir: str, parts_root: str, data, book, parts: int, m: int,
-                seed: int, made: Dict[int, torch.Tensor]) -> Dict[str, str]:
-    r"""A partition directory per batching: the same part files, its own
-    ``batches.pt`` (and balanced batch parts); cohesive batches already in
-    :obj:`made` are reused."""
+                seed: int, made: Dict[int, torch.Tensor],
+                variants: Sequence[Tuple[str, bool]] = VARIANTS) -> Dict[str, str]:
+    r"""A partition directory per batching of :obj:`variants` ((cohesive or
+    random, balanced or not)): the same part files, its own ``batches.pt``
+    (and balanced batch parts); cohesive batches already in :obj:`made` are
+    reused."""
     graph = HopGraph(data.edge_index, data.num_nodes, cost_model(data))
     nodes = data.train_mask.nonzero().view(-1)
     if m not in made:
         made[m] = cohesive_batches(graph, data.edge_index, nodes, m, seed=seed)
     assignments = {"cohesive": made[m], "random": random_batches(nodes.numel(), m, seed)}
     roots = {}
-    for label, assignment in assignments.items():
-        for balanced in (False, True):
-            root = osp.join(workdir, f"M{m}-{label}{'-balanced' if balanced else ''}")
-            if not osp.exists(osp.join(root, "batches.pt")):
-                shutil.copytree(parts_root, root, dirs_exist_ok=True)
-                batch_of = torch.full((data.num_nodes, ), -1, dtype=torch.long)
-                batch_of[nodes] = assignment
-                save_batches(root, batch_of)
-                if balanced:
-                    save_batch_parts(root, data, graph, batch_of, book.owner(book.inv_perm),
-                                     parts, book.meta["graph_hash"])
-            roots[label + (" balanced" if balanced else "")] = root
+    for label, balanced in variants:
+        assignment = assignments[label]
+        root = osp.join(workdir, f"M{m}-{label}{'-balanced' if balanced else ''}")
+        if not osp.exists(osp.join(root, "batches.pt")):
+            shutil.copytree(parts_root, root, dirs_exist_ok=True)
+            batch_of = torch.full((data.num_nodes, ), -1, dtype=torch.long)
+            batch_of[nodes] = assignment
+            save_batches(root, batch_of)
+            if balanced:
+                save_batch_parts(root, data, graph, batch_of, book.owner(book.inv_perm),
+                                 parts, book.meta["graph_hash"])
+        roots[label + (" balanced" if balanced else "")] = root
     return roots
-
-
-def train_pyg(data, loader, num_layers: int, args) -> Tuple[List[float], float]:
-    r"""Trains a seeded GraphSAGE (hidden ``args.hidden``) single process
-    on :obj:`loader`'s batches for ``args.epochs`` epochs; the loss covers a
-    batch's train nodes (``ClusterLoader``) or its seeds (``NeighborLoader``).
-    Returns the epoch times and the full-graph test accuracy."""
-    import torch.nn.functional as F
-    from torch_geometric.nn import GraphSAGE
-    torch.manual_seed(args.seed)
-    model = GraphSAGE(data.num_features, args.hidden, num_layers, int(data.y.max()) + 1,
-                      dropout=0.5)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    times = []
-    for _ in range(args.epochs):
-        start = time.perf_counter()
-        model.train()
-        for batch in loader:
-            optimizer.zero_grad()
-            out = model(batch.x, batch.edge_index)
-            mask = (torch.arange(batch.num_nodes) < batch.batch_size
-                    if "batch_size" in batch else batch.train_mask)
-            F.cross_entropy(out[mask], batch.y[mask]).backward()
-            optimizer.step()
-        times.append(time.perf_counter() - start)
-    model.eval()
-    with torch.no_grad():
-        pred = model(data.x, data.edge_index).argmax(-1)
-    return times, float((pred[data.test_mask] == data.y[data.test_mask]).float().mean())
-
-
-def pyg_baseline(args) -> None:
-    r"""One PyG mini-batch baseline, single process; prints a JSON line."""
-    from torch_geometric.loader import ClusterData, ClusterLoader, NeighborLoader
-    data = load_default(osp.join(args.workdir, "data"),
-                        **({"num_nodes": args.num_nodes} if args.num_nodes else {}))
-    m = args.num_batches
-    if args.pyg_baseline == "cluster":
-        clusters = ClusterData(data, num_parts=4 * m, log=False)
-        loader = ClusterLoader(clusters, batch_size=4, shuffle=True)
-    else:
-        train = data.train_mask.nonzero().view(-1)
-        loader = NeighborLoader(data, num_neighbors=[10] * 3, input_nodes=train,
-                                batch_size=-(-train.numel() // m), shuffle=True)
-    times, acc = train_pyg(data, loader, 3, args)
-    print(json.dumps({"epoch_time": sum(times[1:]) / max(len(times) - 1, 1),
-                      "test_acc": acc, "batches": len(loader)}))
-
-
-def run_pyg(args, kind: str) -> Dict[str, Any]:
-    cmd = [args.pyg_python, osp.abspath(__file__), "--pyg-baseline", kind,
-           "--num-batches", str(args.num_batches), "--epochs", str(args.epochs),
-           "--hidden", str(args.hidden), "--workdir", args.workdir, "--seed", str(args.seed)]
-    if args.num_nodes:
-        cmd += ["--num-nodes", str(args.num_nodes)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-    if proc.returncode != 0:
-        return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def table(rows: List[Dict[str, Any]]) -> str:
@@ -245,12 +189,8 @@ def main() -> None:
     parser.add_argument("--workdir", default="runs/bench_cohesive")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", default=RESULTS)
-    parser.add_argument("--pyg-baseline", choices=["cluster", "neighbor"],
-                        help=argparse.SUPPRESS)  # internal: one PyG baseline run
     args = parser.parse_args()
-    args.pin_malloc = False  # for sampling.run
-    if args.pyg_baseline:
-        return pyg_baseline(args)
+    args.fanout = [10, 10, 10]  # PyG NeighborLoader's, one per layer
 
     started = time.time()
     data = load_default(osp.join(args.workdir, "data"),
@@ -281,10 +221,13 @@ def main() -> None:
                   f"acc {results['runs'][-1]['test_acc']:.4f}", flush=True)
             checkpoint()
     for kind in ("cluster", "neighbor"):
-        if not osp.exists(args.pyg_python):
-            row = {"error": f"{args.pyg_python} missing (make bench-env)"}
-        else:
-            row = run_pyg(args, kind)
+        missing = pyg_baselines.has_loader_backend(args.pyg_python)
+        try:
+            if missing:
+                raise RuntimeError(missing)
+            row = summarize(pyg_baselines.run(args.pyg_python, kind, args, args.seed))
+        except RuntimeError as e:
+            row = {"error": str(e)}
         results["runs"].append({"method": f"PyG {kind}", "link": "single process", **row})
         print(f"  PyG {kind}: {row}", flush=True)
         checkpoint()

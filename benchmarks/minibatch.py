@@ -32,24 +32,25 @@ Usage::
 """
 import argparse
 import json
+import math
 import os.path as osp
+import statistics
 import subprocess
 import sys
 import time
 from typing import Any, Dict, List
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+import pyg_baselines  # noqa: E402
+from common import MiB, RESULTS_DIR, run, save  # noqa: E402
 from netem import network_for, parse_link  # noqa: E402
-from cohesive import train_pyg  # noqa: E402
-from sampling import run, save  # noqa: E402
 
 import pyg_dist  # noqa: E402
 from pyg_dist.datasets import load_default  # noqa: E402
 from pyg_dist.partition import PartitionBook  # noqa: E402
 from pyg_dist.partition.block import khop_remote_volume  # noqa: E402
 
-RESULTS = osp.join(osp.dirname(osp.abspath(__file__)), "results", "minibatch.json")
-MiB = 2**20
+RESULTS = osp.join(RESULTS_DIR, "minibatch.json")
 
 
 def partition(data, args, parts: int, method: str) -> Dict[str, Any]:
@@ -82,19 +83,6 @@ def summarize(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
             "test_acc": rows[-1]["test_acc"], "epoch_times": [r["time"] for r in rows]}
 
 
-def pyg_baseline(args) -> None:
-    r"""PyG's ``NeighborLoader``, single process; prints a JSON line."""
-    from torch_geometric.loader import NeighborLoader
-    data = load_default(osp.join(args.workdir, "data"), num_nodes=args.num_nodes)
-    train = data.train_mask.nonzero().view(-1)
-    loader = NeighborLoader(data, num_neighbors=args.fanout, input_nodes=train,
-                            batch_size=args.batch_size, shuffle=True)
-    times, acc = train_pyg(data, loader, len(args.fanout), args)
-    epoch = sum(times[1:]) / max(len(times) - 1, 1)
-    print(json.dumps({"epoch_time": epoch, "seeds_per_s": train.numel() / epoch,
-                      "test_acc": acc, "epoch_times": times}))
-
-
 def pyg_dist_neighbor_loader_error() -> None:
     r"""Tries to build PyG's distributed neighbour sampler; prints the error."""
     from torch_geometric.distributed import (DistContext, DistNeighborSampler,
@@ -108,14 +96,27 @@ def pyg_dist_neighbor_loader_error() -> None:
         print(json.dumps({"error": f"{type(e).__name__}: {e}"}))
 
 
-def run_pyg(args, what: str) -> Dict[str, Any]:
+def run_pyg_neighbor_loader(args, num_train: int) -> Dict[str, Any]:
+    r"""PyG's ``NeighborLoader`` single process, with the fan-outs and as
+    many steps per epoch as the pyg_dist runs."""
+    missing = pyg_baselines.has_loader_backend(args.pyg_python)
+    if missing:
+        return {"error": missing}
+    try:
+        rows = pyg_baselines.run(args.pyg_python, "neighbor", argparse.Namespace(
+            **vars(args), num_batches=math.ceil(num_train / args.batch_size)), args.seed)
+    except RuntimeError as e:
+        return {"error": str(e)}
+    epoch = statistics.fmean(r["time"] for r in rows[1:] or rows)
+    return {"epoch_time": epoch, "seeds_per_s": num_train / epoch,
+            "test_acc": rows[-1]["test_acc"], "epoch_times": [r["time"] for r in rows]}
+
+
+def pyg_dist_neighbor_loader(args) -> Dict[str, Any]:
+    r"""Whether PyG's own distributed neighbour sampler can be built."""
     if not osp.exists(args.pyg_python):
         return {"error": f"{args.pyg_python} not found (make bench-env)"}
-    cmd = [args.pyg_python, osp.abspath(__file__), "--pyg-baseline", what,
-           "--fanout", ",".join(map(str, args.fanout)), "--batch-size", str(args.batch_size),
-           "--epochs", str(args.epochs), "--hidden", str(args.hidden),
-           "--workdir", args.workdir, "--seed", str(args.seed),
-           "--num-nodes", str(args.num_nodes)]
+    cmd = [args.pyg_python, osp.abspath(__file__), "--pyg-baseline", "dist"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
@@ -171,12 +172,9 @@ def main() -> None:
     parser.add_argument("--workdir", default="runs/bench_minibatch")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", default=RESULTS)
-    parser.add_argument("--pyg-baseline", choices=["neighbor", "dist"],
-                        help=argparse.SUPPRESS)  # internal: one PyG run
+    parser.add_argument("--pyg-baseline", choices=["dist"],
+                        help=argparse.SUPPRESS)  # internal: probe PyG's distributed sampler
     args = parser.parse_args()
-    args.pin_malloc = False  # for sampling.run
-    if args.pyg_baseline == "neighbor":
-        return pyg_baseline(args)
     if args.pyg_baseline == "dist":
         return pyg_dist_neighbor_loader_error()
 
@@ -207,8 +205,8 @@ def main() -> None:
                               f"{100 * r['trainer_idle_frac']:.1f}%, acc "
                               f"{r['test_acc']:.4f}", flush=True)
                         save(args, [results], started, [])
-    results["pyg_neighbor_loader"] = run_pyg(args, "neighbor")
-    results["pyg_dist_neighbor_loader"] = run_pyg(args, "dist")
+    results["pyg_neighbor_loader"] = run_pyg_neighbor_loader(args, int(data.train_mask.sum()))
+    results["pyg_dist_neighbor_loader"] = pyg_dist_neighbor_loader(args)
     save(args, [results], started, [])
     print("\n" + table(results))
     print(f"\nPyG DistNeighborLoader (2.8.1): "

@@ -36,25 +36,17 @@ Usage::
         --seeds 1 --epochs 5 --hidden 256 --pin-malloc --out results/sampling_memory.json
 """
 import argparse
-import datetime
-import json
-import os
 import os.path as osp
-import platform
 import statistics
 import sys
 import time
-from typing import Any, Dict, List, Optional
-
-import torch
+from typing import Any, Dict, List
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from common import MiB, RESULTS_DIR, partitions, run, save, summarize  # noqa: E402
 from netem import network_for, parse_link  # noqa: E402
 
-import pyg_dist  # noqa: E402
-
-MiB = 2**20
-RESULTS = osp.join(osp.dirname(osp.abspath(__file__)), "results", "sampling.json")
+RESULTS = osp.join(RESULTS_DIR, "sampling.json")
 METHODS = {  # label -> pyg-dist train flags
     "p=1": ["--sampler", "bns", "--p", "1"],
     "p=0.1": ["--sampler", "bns", "--p", "0.1"],
@@ -64,45 +56,6 @@ METHODS = {  # label -> pyg-dist train flags
     "dropedge 0.1": ["--sampler", "dropedge", "--p", "0.1"],
     "bes 0.1": ["--sampler", "bes", "--p", "0.1"],
 }
-
-
-def partitions(workdir: str, num_parts: int, num_nodes: Optional[int]) -> str:
-    root = osp.join(workdir, f"parts{num_parts}")
-    if not osp.exists(osp.join(root, "meta.json")):
-        from pyg_dist.datasets import load_default
-        data = load_default(osp.join(workdir, "data"),
-                            **({"num_nodes": num_nodes} if num_nodes else {}))
-        pyg_dist.partition_graph(data, num_parts, root=root)
-    return root
-
-
-def run(net, root: str, out: str, flags: List[str], args) -> List[Dict[str, Any]]:
-    cmd = [sys.executable, "-m", "pyg_dist.cli", "train", "--root", root, "--out", out,
-           "--epochs", str(args.epochs), "--eval-every", str(args.epochs),
-           "--hidden", str(args.hidden), "--no-progress", *flags]
-    env = {"PYTHONWARNINGS": "ignore"}
-    if args.pin_malloc:  # every large tensor mmapped and returned: RSS = live tensors
-        env.update(MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
-    net.launch(cmd, env=env, timeout=args.timeout).check()
-    with open(osp.join(out, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
-def summarize(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
-    timed = rows[1:] or rows
-    mean = lambda k: statistics.fmean(r[k] for r in timed)  # noqa: E731
-    median = lambda k: statistics.median(r[k] for r in timed)  # noqa: E731
-    return {
-        "epoch_time": mean("time"), "time_compute": mean("time_compute"),
-        "time_comm": mean("time_comm"), "time_reduce": mean("time_reduce"),
-        "time_sample": mean("time_sample"),
-        "sample_overhead": mean("time_sample") / mean("time"),
-        "bytes_sent": mean("bytes_sent"), "halo_rows": mean("halo_rows"),
-        "halo_rows_total": rows[-1]["halo_rows_total"],
-        "peak_mem_max": median("peak_mem_bytes"),
-        "peak_mem_mean": median("peak_mem_bytes_mean"),
-        "test_acc": rows[-1]["test_acc"], "epoch_times": [r["time"] for r in rows],
-    }
 
 
 def table(results: List[Dict[str, Any]], parts: int, link: str) -> str:
@@ -195,19 +148,6 @@ def main() -> None:
     print("\n".join(targets(results)))
     save(args, results, started, targets(results))
     print(f"wrote {args.out}")
-
-
-def save(args, results: List[Dict[str, Any]], started: float,
-         target_lines: List[str]) -> None:
-    r"""Writes :obj:`results` to ``args.out`` with the date, the machine,
-    the arguments, the minutes since :obj:`started` and the target checks."""
-    os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"date": datetime.datetime.now().isoformat(timespec="seconds"),
-                   "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                               "torch": torch.__version__},
-                   "args": vars(args), "minutes": (time.time() - started) / 60,
-                   "targets": target_lines, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

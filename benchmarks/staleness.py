@@ -47,10 +47,11 @@ import time
 from typing import Any, Dict, List
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from common import (RESULTS_DIR, add_targets, partitions, run, save,  # noqa: E402
+                    summarize, typical)
 from netem import network_for, parse_link  # noqa: E402
-from sampling import partitions, run, save  # noqa: E402
 
-RESULTS = osp.join(osp.dirname(osp.abspath(__file__)), "results", "staleness.json")
+RESULTS = osp.join(RESULTS_DIR, "staleness.json")
 PIPE = ["--cache", "pipeline", "--staleness", "1"]
 PSC = ["--sampler", "vr", "--rate", "0.1"]
 FC = ["--feature-cache", "inclusion", "--feature-cache-capacity", "25%"]
@@ -78,52 +79,6 @@ METHODS = {  # label -> pyg-dist train flags
 
 # The full run; the feature-cache baselines run apart (loopback is enough).
 DEFAULT_METHODS = [m for m in METHODS if not m.startswith("psc t=2 +fc ")]
-
-
-def summarize(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
-    timed = rows[1:] or rows
-    mean = lambda k: statistics.fmean(r[k] or 0 for r in timed)  # noqa: E731
-    return {
-        "epoch_time": mean("time"), "epochs_per_s": 1 / mean("time"),
-        "time_compute": mean("time_compute"), "time_comm": mean("time_comm"),
-        "time_reduce": mean("time_reduce"), "time_sample": mean("time_sample"),
-        "bytes_sent": mean("bytes_sent"), "bytes_saved": mean("bytes_saved"),
-        "cache_hit_rate": (None if rows[-1].get("cache_hit_rate") is None
-                           else mean("cache_hit_rate")),
-        "test_acc": rows[-1]["test_acc"],
-        "curve": [(r["time"], r["val_acc"], r["test_acc"]) for r in rows],
-    }
-
-
-def time_to_target(curve, target: float):
-    r"""(epochs, seconds) until the validation accuracy first reaches
-    :obj:`target`; ``(None, None)`` if it never does."""
-    elapsed = 0.0
-    for epoch, (seconds, val, _) in enumerate(curve, 1):
-        elapsed += seconds
-        if val is not None and val >= target:
-            return epoch, elapsed
-    return None, None
-
-
-def add_targets(results: List[Dict[str, Any]], fraction: float) -> None:
-    r"""Per run: epochs/seconds to ``fraction`` × the exact method's final
-    validation accuracy (mean over its seeds)."""
-    exact = [r for r in results if r["method"] == "exact"]
-    if not exact:
-        return
-    final = statistics.fmean(run["curve"][-1][1] for run in exact[0]["runs"])
-    for r in results:
-        for run in r["runs"]:
-            run["target_val_acc"] = fraction * final
-            run["epochs_to_target"], run["seconds_to_target"] = \
-                time_to_target(run["curve"], fraction * final)
-
-
-def typical(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
-    r"""The run whose epoch time is the median over seeds (robust to a seed
-    that shared the machine with something else)."""
-    return sorted(runs, key=lambda run: run["epoch_time"])[(len(runs) - 1) // 2]
 
 
 def table(results: List[Dict[str, Any]], link: str) -> str:
@@ -193,7 +148,6 @@ def main() -> None:
     parser.add_argument("--report", metavar="JSON", default=None,
                         help="print the tables of a saved run and exit")
     args = parser.parse_args()
-    args.pin_malloc = False  # sampling.run's memory mode: not needed here
     if args.report:
         with open(args.report) as f:
             results = json.load(f)["results"]

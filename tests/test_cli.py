@@ -38,29 +38,6 @@ def test_partition_info_train(tmp_path):
     assert rows[-1]["world_size"] == 2 and rows[-1]["bytes_sent"] > 0
     summary = json.load(open(os.path.join(out, "summary.json")))
     assert summary["world_size"] == 2 and 0.0 <= summary["test_acc"] <= 1.0
-    full_bytes = rows[-1]["bytes_sent"]
-
-    sampled = str(tmp_path / "bns")
-    run("train", "--root", root, "--out", sampled, "--epochs", "3", "--hidden", "16",
-        "--no-progress", "--model", "gcn", "--sampler", "bns", "--p", "0.1",
-        "--precompute-layer0", "--exchange-dtype", "bf16")
-    rows = [json.loads(line) for line in open(os.path.join(sampled, "metrics.jsonl"))]
-    assert all(r["halo_rows"] < 0.3 * r["halo_rows_total"] for r in rows)
-    # Epoch 1 also pays the one-off exact aggregation of layer 0.
-    assert all(r["bytes_sent"] < 0.3 * full_bytes for r in rows[1:])
-    summary = json.load(open(os.path.join(sampled, "summary.json")))
-    assert summary["config"]["sampler_args"] == {"p": 0.1}
-    assert summary["config"]["exchange_dtype"] == "bf16"
-
-    # PSC-GCN: VR sampling, a τ = 2 pipeline and the inclusion-aware feature cache.
-    psc = str(tmp_path / "psc")
-    run("train", "--root", root, "--out", psc, "--epochs", "4", "--hidden", "16",
-        "--no-progress", "--sampler", "vr", "--rate", "0.3", "--staleness", "2",
-        "--feature-cache", "inclusion", "--feature-cache-capacity", "30%")
-    rows = [json.loads(line) for line in open(os.path.join(psc, "metrics.jsonl"))]
-    assert all(0 < r["cache_hit_rate"] <= 1 and r["bytes_saved"] > 0 for r in rows)
-    config = json.load(open(os.path.join(psc, "summary.json")))["config"]
-    assert config["cache"] == "pipeline" and config["cache_args"] == {"staleness": 2}
 
 
 @pytest.mark.parametrize("args,message", [
@@ -101,10 +78,15 @@ def test_torchrun(tmp_path):
                     "--master-port", str(free_port()), "-m", "pyg_dist.cli", "train",
                     "--root", root,
                     "--out", out, "--epochs", "2", "--hidden", "8", "--no-progress",
-                    "--sampler", "bns", "--p", "0.5"],
+                    "--sampler", "bns", "--p", "0.5", "--precompute-layer0",
+                    "--exchange-dtype", "bf16"],
                    env=env, capture_output=True, text=True, timeout=300, check=True)
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert len(rows) == 2 and rows[-1]["world_size"] == 2
+    assert all(r["halo_rows"] < 0.8 * r["halo_rows_total"] for r in rows)
+    config = json.load(open(os.path.join(out, "summary.json")))["config"]
+    assert config["sampler_args"] == {"p": 0.5} and config["exchange_dtype"] == "bf16"
+    assert config["precompute_layer0"]
 
 
 def test_cohesive_batches_end_to_end(tmp_path):
