@@ -78,8 +78,8 @@ METHODS: Dict[str, Method] = {
     "neighbour loader": Method("dist", ["--loader", "neighbor"]),  # + fan-out, batch size
 }
 QUICK = {"num_nodes": 10000, "epochs": 5, "seeds": 2, "links": ["loopback"], "costs": [5, 10]}
-FULL = {"num_nodes": None, "epochs": 30, "seeds": 3,
-        "links": ["loopback", "10gbit,0.1ms", "1gbit,0.1ms"], "costs": [5, 10, 20, 50]}
+FULL = {"num_nodes": None, "epochs": 20, "seeds": 3,
+        "links": ["loopback", "10gbit,0.1ms", "1gbit,0.1ms"], "costs": [5, 10, 20]}
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
