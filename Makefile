@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The CPU build of torch (a CUDA build: see README, "GPU").
 TORCH ?= torch==2.13.0
 
-.PHONY: install demo test bench bench-env clean
+.PHONY: install demo test bench bench-suite bench-quick bench-env clean
 
 $(BIN)/pyg-dist: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,13 @@ test: install
 
 bench: install
 	$(BIN)/python benchmarks/overhead.py
+
+# Every method side by side (BENCHMARKS.md); the PyG loaders need `make bench-env`.
+bench-suite: install
+	$(BIN)/python -m benchmarks.run_all
+
+bench-quick: install
+	$(BIN)/python -m benchmarks.run_all --quick
 
 # torch-scatter/torch-sparse built from source for the PyG baselines (~30 min, once).
 bench-env:

@@ -153,6 +153,7 @@ def memory(data: Dict[str, Any], path: str) -> None:
             ax.hlines(max(per_rank) / MiB, i - 0.3, i + 0.3, color="gray")
         ax.set_xticks(range(len(rows)), [r["method"] for r in rows], rotation=40,
                       ha="right", fontsize=7)
+        ax.set_ylim(bottom=0)
         ax.set_ylabel("peak memory per rank, MiB")
         ax.set_title("per-rank peak memory (line: the busiest rank)")
     _figure(path, draw)

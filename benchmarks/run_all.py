@@ -1,12 +1,13 @@
 r"""The benchmark suite: every method side by side on the same partitions,
 model and epochs, in one run.
 
-On the embedded default graph (:func:`pyg_dist.datasets.load_default`),
-METIS-partitioned once into ``--parts`` parts, this trains the same
+On the embedded default graph (:func:`pyg_dist.datasets.load_default`; 50K
+nodes in the full run: three-hop neighbour sampling costs PyG's
+``NeighborLoader`` ~0.5 s per step here), METIS-partitioned once into ``--parts`` parts, this trains the same
 3-layer GraphSAGE (hidden 64, dropout 0.5, Adam 0.01) for ``--epochs``
 epochs with every method of :data:`METHODS`:
 
-* single-process PyG: full-graph, ``NeighborLoader`` (fan-out 10 per layer)
+* single-process PyG: full-graph, ``NeighborLoader`` (fan-outs 10, 5, 5)
   and ``ClusterLoader`` (ClusterGCN, 4M clusters, 4 per batch), in a Python
   with torch-sparse or pyg-lib for the two loaders (``--pyg-python``,
   ``make bench-env``; without one they are reported as not run);
@@ -15,7 +16,7 @@ epochs with every method of :data:`METHODS`:
   inclusion feature cache at 25% of the halo), SANCUS (``fixed:2``, the
   fastest bound of ``benchmarks/staleness.py`` at equal accuracy), CM-GCN's
   balanced cohesive mini-batches (M = ``--num-batches``) and the neighbour
-  loader (fan-out 10 per layer, M steps per epoch).
+  loader (fan-outs 10, 5, 5; M steps per epoch).
 
 The mini-batch methods take M steps per epoch, one epoch being a pass over
 the train nodes. Every run evaluates every epoch (untimed), for the
@@ -78,7 +79,7 @@ METHODS: Dict[str, Method] = {
     "neighbour loader": Method("dist", ["--loader", "neighbor"]),  # + fan-out, batch size
 }
 QUICK = {"num_nodes": 10000, "epochs": 5, "seeds": 2, "links": ["loopback"], "costs": [5, 10]}
-FULL = {"num_nodes": None, "epochs": 20, "seeds": 3,
+FULL = {"num_nodes": 50000, "epochs": 20, "seeds": 3,
         "links": ["loopback", "10gbit,0.1ms", "1gbit,0.1ms"], "costs": [5, 10, 20]}
 
 
@@ -88,7 +89,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help="CI-sized: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--parts", type=int, default=2)
-    parser.add_argument("--num-nodes", type=int, help="default graph size (full: 100K)")
+    parser.add_argument("--num-nodes", type=int, help="default graph size (full: 50K)")
     parser.add_argument("--epochs", type=int)
     parser.add_argument("--seeds", type=int)
     parser.add_argument("--link", "--links", dest="links", nargs="+",
@@ -98,7 +99,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--num-batches", type=int, default=10,
                         help="M: steps per epoch of the mini-batch methods")
     parser.add_argument("--fanout", type=lambda s: [int(k) for k in s.split(",")],
-                        default=[10, 10, 10])
+                        default=[10, 5, 5])
     parser.add_argument("--target", type=float, default=0.98,
                         help="time to this fraction of exact's final val accuracy")
     parser.add_argument("--pyg-python", default=None,
