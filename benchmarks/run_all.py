@@ -2,9 +2,10 @@ r"""The benchmark suite: every method side by side on the same partitions,
 model and epochs, in one run.
 
 On the embedded default graph (:func:`pyg_dist.datasets.load_default`; 50K
-nodes in the full run: three-hop neighbour sampling costs PyG's
-``NeighborLoader`` ~0.5 s per step here), METIS-partitioned once into ``--parts`` parts, this trains the same
-3-layer GraphSAGE (hidden 64, dropout 0.5, Adam 0.01) for ``--epochs``
+nodes in the full run, as three-hop neighbour sampling costs PyG's
+``NeighborLoader`` most of a second per step on this 2-core machine),
+METIS-partitioned once into ``--parts`` parts, this trains the same 3-layer
+GraphSAGE (hidden 64, dropout 0.5, Adam 0.01) for ``--epochs``
 epochs with every method of :data:`METHODS`:
 
 * single-process PyG: full-graph, ``NeighborLoader`` (fan-outs 10, 5, 5)
