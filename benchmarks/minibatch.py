@@ -99,9 +99,6 @@ def pyg_dist_neighbor_loader_error() -> None:
 def run_pyg_neighbor_loader(args, num_train: int) -> Dict[str, Any]:
     r"""PyG's ``NeighborLoader`` single process, with the fan-outs and as
     many steps per epoch as the pyg_dist runs."""
-    missing = pyg_baselines.has_loader_backend(args.pyg_python)
-    if missing:
-        return {"error": missing}
     try:
         rows = pyg_baselines.run(args.pyg_python, "neighbor", argparse.Namespace(
             **vars(args), num_batches=math.ceil(num_train / args.batch_size)), args.seed)

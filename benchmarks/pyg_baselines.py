@@ -18,6 +18,7 @@ Usage (one baseline, one JSON row per epoch on stdout)::
         --num-nodes 10000 --epochs 5 --num-batches 10
 """
 import argparse
+import functools
 import json
 import math
 import os
@@ -110,7 +111,11 @@ def run(python: str, kind: str, args: argparse.Namespace, seed: int) -> List[Dic
     r"""Runs baseline :obj:`kind` in :obj:`python` (a fresh process: its
     own peak memory and all the machine's cores) with the graph, model and
     epochs of :obj:`args`; returns its rows. Raises ``RuntimeError`` with
-    the last line of its error output when it fails."""
+    the reason when :obj:`python` lacks the loaders' backend, or with the
+    last line of its error output when it fails."""
+    missing = None if kind == "full" else has_loader_backend(python)
+    if missing:
+        raise RuntimeError(missing)
     cmd = [python, osp.abspath(__file__), "--kind", kind, "--epochs", str(args.epochs),
            "--hidden", str(args.hidden), "--seed", str(seed), "--workdir", args.workdir,
            "--num-batches", str(args.num_batches),
@@ -125,9 +130,11 @@ def run(python: str, kind: str, args: argparse.Namespace, seed: int) -> List[Dic
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
+@functools.lru_cache(maxsize=None)
 def has_loader_backend(python: str) -> Optional[str]:
     r"""``None`` when :obj:`python` has a backend of ``NeighborLoader`` and
-    ``ClusterLoader`` (torch-sparse or pyg-lib), else why not."""
+    ``ClusterLoader`` (torch-sparse or pyg-lib), else why not (probed once
+    per Python)."""
     if not osp.exists(python):
         return f"{python} not found (make bench-env)"
     probe = ("import torch_geometric.typing as t; "

@@ -27,6 +27,11 @@ def _ran(results: List[Dict[str, Any]], link: Optional[str] = None) -> List[Dict
     return [r for r in results if r["runs"] and (link is None or r["link"] == link)]
 
 
+def _first_link(data: Dict[str, Any]) -> Optional[str]:
+    r"""The link the seeds ran on (the figures of one link show it)."""
+    return data["results"][0]["link"] if data["results"] else None
+
+
 def table(results: List[Dict[str, Any]], link: str) -> str:
     r"""The markdown table of one link: per method, epochs/s and its ratio
     to exact, halo wait and bytes sent per epoch, peak memory (max and mean
@@ -125,7 +130,7 @@ def breakdown(data: Dict[str, Any], path: str) -> None:
 
 
 def convergence(data: Dict[str, Any], path: str) -> None:
-    first = data["results"][0]["link"] if data["results"] else None
+    first = _first_link(data)
 
     def draw(ax):
         for r in _ran(data["results"], first):
@@ -142,7 +147,7 @@ def convergence(data: Dict[str, Any], path: str) -> None:
 
 
 def memory(data: Dict[str, Any], path: str) -> None:
-    first = data["results"][0]["link"] if data["results"] else None
+    first = _first_link(data)
 
     def draw(ax):
         rows = [r for r in _ran(data["results"], first)
@@ -160,7 +165,7 @@ def memory(data: Dict[str, Any], path: str) -> None:
 
 
 def staleness(data: Dict[str, Any], path: str) -> None:
-    first = data["results"][0]["link"] if data["results"] else None
+    first = _first_link(data)
     rows = [r for r in _ran(data["results"], first) if r["method"] in STALENESS_METHODS]
 
     def draw(axes):

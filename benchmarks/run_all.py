@@ -45,7 +45,7 @@ import math
 import os.path as osp
 import sys
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 import cohesive  # noqa: E402
@@ -128,21 +128,6 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return args
 
 
-def pyg_runner(args) -> Callable[[str, int], List[Dict[str, Any]]]:
-    r"""Runs one PyG baseline; the loaders in ``--pyg-python`` (refused,
-    with the reason, when it lacks their backend), full-graph in this
-    Python."""
-    missing = pyg_baselines.has_loader_backend(args.pyg_python)
-
-    def run_pyg(kind: str, seed: int) -> List[Dict[str, Any]]:
-        if kind == "full":
-            return pyg_baselines.run(sys.executable, kind, args, seed)
-        if missing:
-            raise RuntimeError(missing)
-        return pyg_baselines.run(args.pyg_python, kind, args, seed)
-    return run_pyg
-
-
 def cohesive_root(args, data, parts_root: str, made) -> str:
     r"""The partitions plus CM-GCN's balanced cohesive batches (M =
     ``--num-batches``), in a directory of their own."""
@@ -182,14 +167,15 @@ def main(argv: Optional[List[str]] = None) -> None:
     loader_flags = {"neighbour loader": ["--fanout", ",".join(map(str, args.fanout)),
                                          "--batch-size", str(batch_size)]}
 
-    run_pyg = pyg_runner(args)
     first = parse_link(args.links[0]).label
     for name in (m for m in args.methods if METHODS[m].kind == "pyg"):
         result = {"method": name, "link": first, "kind": "pyg", "runs": []}
+        kind = METHODS[name].flags[0]  # full-graph needs no loader backend
+        python = sys.executable if kind == "full" else args.pyg_python
         try:
             for seed in range(args.seeds):
                 result["runs"].append({"seed": seed, **summarize(
-                    run_pyg(METHODS[name].flags[0], seed))})
+                    pyg_baselines.run(python, kind, args, seed))})
                 print(f"  {name} seed {seed}: {result['runs'][-1]['epoch_time']:.3f} s/epoch, "
                       f"acc {result['runs'][-1]['test_acc']:.4f}", flush=True)
         except RuntimeError as e:
