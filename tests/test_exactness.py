@@ -5,10 +5,10 @@ import torch
 
 import pyg_dist
 from pyg_dist.train import TrainConfig, load_model, train, train_single_process
-from tests.dist_workers import forward_backward_all, linear_loss
+from tests.dist_workers import forward_backward_all, linear_loss, linear_loss_magnitude
 from tests.models import MODELS, build_model
-
-TOL = 1e-5
+from tests.numeric import (RTOL, assert_fp32_close, assert_params_close,
+                           assert_scalar_close, near_ties)
 
 
 def _reference(data, name: str, seed: int):
@@ -17,25 +17,24 @@ def _reference(data, name: str, seed: int):
     out = model(data.x, data.edge_index)
     loss = linear_loss(out, torch.arange(data.num_nodes))
     loss.backward()
-    return out.detach(), loss.item(), {k: p.grad for k, p in model.named_parameters()}
+    magnitude = linear_loss_magnitude(out.detach(), torch.arange(data.num_nodes))
+    return out.detach(), loss.item(), magnitude, {k: p.grad for k, p in model.named_parameters()}
 
 
 def _check_all_models(data, root: str, world_size: int) -> None:
     pyg_dist.partition_graph(data, world_size, root=root)
     results = pyg_dist.spawn(forward_backward_all, world_size, (root, 0), timeout=60)
     for name in MODELS:
-        out, loss, grads = _reference(data, name, 0)
+        out, loss, magnitude, grads = _reference(data, name, 0)
         for form in ("edge_index", "adj_t"):
             per_rank = [r[name, form] for r in results]
             n_id = torch.cat([r["n_id"] for r in per_rank])
             assert torch.equal(n_id.sort().values, torch.arange(data.num_nodes))
-            for r in per_rank:
-                err = (out[r["n_id"]] - r["out"]).abs().max().item()
-                assert err <= TOL, f"{name}/{form}: output error {err}"
-            assert abs(per_rank[0]["loss"] - loss) <= TOL * max(1, abs(loss)), name
-            for k, g in grads.items():
-                err = (g - per_rank[0]["grads"][k]).abs().max().item()
-                assert err <= TOL, f"{name}/{form}: grad {k} error {err}"
+            got = torch.cat([r["out"] for r in per_rank])
+            assert_fp32_close(got, out[n_id], msg=f"{name}/{form}: outputs")
+            assert_scalar_close(per_rank[0]["loss"], loss, msg=f"{name}/{form}: loss",
+                                scale=magnitude)
+            assert_params_close(per_rank[0]["grads"], grads, msg=f"{name}/{form}: grad")
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
@@ -72,7 +71,7 @@ def test_inductive_training_matches_pyg(graph, tmp_path):
     summary = _check_training(graph, tmp_path, 2, "gcn", inductive=True)
     transductive = train_single_process(graph, TrainConfig(
         model="gcn", num_layers=2, hidden=16, dropout=0.0, epochs=5, progress=False))[0]
-    assert summary["final_loss"] != pytest.approx(transductive["final_loss"], abs=1e-4)
+    assert summary["final_loss"] != pytest.approx(transductive["final_loss"], rel=1e-3)
 
 
 def _check_training(graph, tmp_path, world_size: int, model: str, inductive: bool = False):
@@ -83,9 +82,22 @@ def _check_training(graph, tmp_path, world_size: int, model: str, inductive: boo
     summary = pyg_dist.spawn(_train_rank, world_size, (root, config, out), timeout=60)[0]
     reference, ref_model = train_single_process(graph, config)
     trained = load_model(out)
-    for (k, p), q in zip(ref_model.named_parameters(), trained.parameters()):
-        err = (p - q).abs().max().item()
-        assert err <= 1e-4, f"{model} x{world_size}: parameter {k} differs by {err}"
-    assert summary["final_loss"] == pytest.approx(reference["final_loss"], abs=1e-5)
-    assert summary["test_acc"] == pytest.approx(reference["test_acc"], abs=1e-6)
+    assert_params_close(dict(trained.named_parameters()), dict(ref_model.named_parameters()),
+                        msg=f"{model} x{world_size}: parameter")
+    assert_scalar_close(summary["final_loss"], reference["final_loss"], msg="final loss")
+    _assert_same_accuracy(summary["test_acc"], reference["test_acc"], ref_model, graph)
     return summary
+
+
+def _assert_same_accuracy(acc: float, ref_acc: float, ref_model, graph) -> None:
+    r"""Equal accuracies, but for test nodes whose prediction is a near tie
+    in the reference (their argmax, or sign for multi-label, may flip with
+    the parameters' rounding)."""
+    with torch.no_grad():
+        logits = ref_model.eval()(graph.x, graph.edge_index)[graph.test_mask]
+    if graph.y.dim() > 1:  # micro-F1 of signs: any near-zero logit may flip
+        if not bool((logits.abs() <= RTOL * logits.abs().max()).any()):
+            assert acc == ref_acc
+        return
+    ties = int(near_ties(logits).sum())
+    assert abs(acc - ref_acc) * logits.size(0) <= ties + 1e-6, (acc, ref_acc, ties)
