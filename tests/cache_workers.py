@@ -63,31 +63,6 @@ def _grads(model: torch.nn.Module) -> dict:
     return {k: p.grad.clone() for k, p in model.named_parameters()}
 
 
-def frozen_model_checks(root: str, tau: int, model_name: str):
-    r"""A pipelined model with frozen weights and the exact one: outputs
-    and weight gradients per iteration (equal once the pipeline is full)."""
-    from torch_geometric.nn import GCN, GraphSAGE
-    part = pyg_dist.DistData.load(root, dist.get_rank())
-    cls = {"sage": GraphSAGE, "gcn": GCN}[model_name]
-    models = []
-    for cache in (None, PipelineCache(tau, smooth_features=0.9, smooth_grads=0.9)):
-        torch.manual_seed(0)
-        models.append(pyg_dist.nn.distribute(cls(part.num_features, 8, 3, 4), part,
-                                             cache=cache))
-    exact, pipe = models
-    out_exact = exact(part.x, part.adj_t)
-    out_exact.pow(2).sum().backward()
-    results = []
-    for t in range(2 * tau + 2):
-        pipe.zero_grad()
-        out = pipe(part.x, part.adj_t)
-        out.pow(2).sum().backward()
-        pipe.dist_context.cache.step()
-        results.append((t, out.detach(), _grads(pipe)))
-    pipe.dist_context.finish()
-    return {"exact": (out_exact.detach(), _grads(exact)), "pipelined": results}
-
-
 class _Replayed(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, rows, cache, key, plan):
@@ -147,15 +122,33 @@ class _JitteredSends:
         dist.isend = self.isend
 
 
-def pipelined_training_checks(root: str, tau: int, model_name: str, gamma,
-                              iterations: int = 6):
+def _frozen_checks(part, cls, tau: int, gamma):
+    r"""A pipelined model with frozen weights and the exact one: outputs
+    and weight gradients per iteration (equal once the pipeline is full)."""
+    models = []
+    for cache in (None, PipelineCache(tau, smooth_features=gamma, smooth_grads=gamma)):
+        torch.manual_seed(0)
+        models.append(pyg_dist.nn.distribute(cls(part.num_features, 8, 3, 4), part,
+                                             cache=cache))
+    exact, pipe = models
+    out_exact = exact(part.x, part.adj_t)
+    out_exact.pow(2).sum().backward()
+    steps = []
+    for t in range(2 * tau + 2):
+        pipe.zero_grad()
+        out = pipe(part.x, part.adj_t)
+        out.pow(2).sum().backward()
+        pipe.dist_context.cache.step()
+        steps.append((t, out.detach(), _grads(pipe)))
+    pipe.dist_context.finish()
+    return (out_exact.detach(), _grads(exact)), steps
+
+
+def _training_checks(part, cls, tau: int, gamma, iterations: int = 6):
     r"""A pipelined model and the :class:`ReplayCache` oracle trained side
     by side from the same weights, which change every iteration (SGD), and
     the pipelined model again with jittered sends: outputs and weight
     gradients per iteration."""
-    from torch_geometric.nn import GCN, GraphSAGE
-    part = pyg_dist.DistData.load(root, dist.get_rank())
-    cls = {"sage": GraphSAGE, "gcn": GCN}[model_name]
     runs = []
     for cache, timing in ((PipelineCache(tau, smooth_features=gamma, smooth_grads=gamma),
                            nullcontext()),
@@ -177,6 +170,16 @@ def pipelined_training_checks(root: str, tau: int, model_name: str, gamma,
             model.dist_context.finish()
         runs.append(steps)
     return runs
+
+
+def pipelined_model_checks(root: str, tau: int, model_name: str, gamma):
+    r"""Whole pipelined models: frozen against exact, training against the
+    oracle (one world for both)."""
+    from torch_geometric.nn import GCN, GraphSAGE
+    part = pyg_dist.DistData.load(root, dist.get_rank())
+    cls = {"sage": GraphSAGE, "gcn": GCN}[model_name]
+    return {"frozen": _frozen_checks(part, cls, tau, gamma),
+            "training": _training_checks(part, cls, tau, gamma)}
 
 
 def dropout_after_exchange(root: str):

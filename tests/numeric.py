@@ -41,7 +41,8 @@ def scale_of(expected) -> float:
 def assert_fp32_close(actual, expected, rtol: float = RTOL, msg: Optional[str] = None) -> None:
     r"""Asserts that :obj:`actual` equals :obj:`expected` up to fp32
     rounding: same shape and dtype, every entry within :obj:`rtol` times
-    the largest magnitude of :obj:`expected` (and of its own value)."""
+    the largest magnitude of :obj:`expected` (a lossy exchange passes its
+    codec's precision as :obj:`rtol`)."""
     actual, expected = torch.as_tensor(actual), torch.as_tensor(expected)
     torch.testing.assert_close(
         actual.detach(), expected.detach(), rtol=rtol, atol=rtol * scale_of(expected),

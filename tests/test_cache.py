@@ -39,27 +39,33 @@ def test_pipeline_uses_the_exchange_of_t_minus_tau(parts3, tau, gamma, sampled):
             assert_fp32_close(grad, want_grad, msg=f"iteration {t}: gradients")
 
 
-@pytest.mark.parametrize("tau,model", [(1, "sage"), (2, "gcn")])
-def test_frozen_pipelined_model_equals_exact(parts3, tau, model):
-    for r in pyg_dist.spawn(workers.frozen_model_checks, 3, (parts3, tau, model),
-                            timeout=120):
-        out_exact, grads_exact = r["exact"]
-        for t, out, grads in r["pipelined"]:
-            if t >= tau:
-                assert_fp32_close(out, out_exact, msg=f"iteration {t}: outputs")
-                assert_params_close(grads, grads_exact, msg=f"iteration {t}: gradient")
+@pytest.fixture(scope="module", params=[(1, "sage", None), (2, "gcn", 0.9)],
+                ids=["1-sage", "2-gcn-smoothed"])
+def pipelined_models(parts3, request):
+    return pyg_dist.spawn(workers.pipelined_model_checks, 3, (parts3, *request.param),
+                          timeout=120)
 
 
-@pytest.mark.parametrize("tau,model,gamma", [(1, "sage", None), (2, "gcn", 0.9)])
-def test_pipelined_training_equals_its_definition(parts3, tau, model, gamma):
+def test_frozen_pipelined_model_equals_exact(pipelined_models):
+    r"""Frozen weights: once the pipeline is full, stale rows and gradients
+    are the current ones, and the model computes what the exact one does."""
+    for r in pipelined_models:
+        (out_exact, grads_exact), steps = r["frozen"]
+        tau = len(steps) // 2 - 1
+        for t, out, grads in steps[tau:]:
+            assert_fp32_close(out, out_exact, msg=f"iteration {t}: outputs")
+            assert_params_close(grads, grads_exact, msg=f"iteration {t}: gradient")
+
+
+def test_pipelined_training_equals_its_definition(pipelined_models):
     r"""Weights that change every iteration: the pipelined model's outputs
     and gradients equal those of the oracle that fetches the rows and
     gradients of iteration max(t - τ, 0) synchronously, so a row or a
     gradient of another iteration shows. Bit for bit the same when the
     peers' messages arrive in other orders (each has its own buffer rows,
     added in peer order)."""
-    for pipelined, replayed, jittered in pyg_dist.spawn(
-            workers.pipelined_training_checks, 3, (parts3, tau, model, gamma), timeout=120):
+    for r in pipelined_models:
+        pipelined, replayed, jittered = r["training"]
         assert not torch.equal(replayed[0][0], replayed[-1][0])  # the weights moved
         for t, ((out, grads), (want_out, want_grads), (out_j, grads_j)) in enumerate(
                 zip(pipelined, replayed, jittered)):
