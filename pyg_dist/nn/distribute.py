@@ -1,5 +1,5 @@
 """``distribute()``: turn a plain PyG model into a partition-parallel one."""
-from typing import Optional, Set
+from typing import List, Optional
 
 import torch
 from torch import Tensor
@@ -11,18 +11,12 @@ from pyg_dist.data import DistData
 from pyg_dist.metrics import CommStats
 from pyg_dist.nn.context import DistContext
 from pyg_dist.nn.conv import DistGATConv, DistGCNConv
+from pyg_dist.nn.norm import NORMS
+from pyg_dist.nn.support import check_model
 
 # Layers whose forward does node-count dependent work before propagate get a
 # subclass; the others are distributed by a propagate pre-hook.
 SUBCLASSES = {GCNConv: DistGCNConv, GATConv: DistGATConv}
-
-# Layers that normalise by degrees or node counts of the graph they are given
-# (local degrees would be wrong) or iterate propagation internally.
-UNSUPPORTED = {
-    "APPNP", "ARMAConv", "ChebConv", "ClusterGCNConv", "DNAConv", "EGConv",
-    "FAConv", "GCN2Conv", "LGConv", "MFConv", "MixHopConv", "PDNConv",
-    "SGConv", "SSGConv", "TAGConv", "WLConv",
-}
 
 
 # Layers whose propagate aggregates the raw input with no parameter involved
@@ -39,7 +33,13 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
     layer of :obj:`model` in place into its partition-parallel version, like
     :meth:`torch.nn.SyncBatchNorm.convert_sync_batchnorm` (parameters,
     constructor arguments, ``state_dict`` keys and ``forward`` signatures
-    stay those of PyG).
+    stay those of PyG), and every norm that averages over nodes into one
+    that averages over the nodes of all ranks (:mod:`pyg_dist.nn.norm`).
+
+    Every module is checked first (:mod:`pyg_dist.nn.support`): one that
+    would not compute what single-process PyG computes raises
+    :class:`NotImplementedError` naming its path and the reason, before
+    anything is converted.
 
     The converted model takes this rank's inner rows and the partition's
     adjacency, ``model(data.x, data.edge_index)`` or
@@ -90,17 +90,23 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
             on the fused sparse path (e.g. SAGE, GCN, GIN, GraphConv) under
             the exact cache; others exchange first as usual.
     """
-    ctx = DistContext(data, group, stats, exchange_dtype, cache, feature_cache, overlap)
     layers = [(name, m) for name, m in model.named_modules()
               if isinstance(m, MessagePassing)]
     if not layers:
         raise ValueError(f"'{type(model).__name__}' contains no MessagePassing "
                          f"layer to distribute")
+    check_model(model)
+    ctx = DistContext(data, group, stats, exchange_dtype, cache, feature_cache, overlap)
     for i, (name, module) in enumerate(layers):
         _convert(module, name or type(module).__name__, ctx)
         ctx.layer_index[module._dist_key] = i
     if precompute_layer0:
         _precompute_first(*layers[0])
+    for module in model.modules():
+        if type(module) in NORMS:
+            module.__class__ = NORMS[type(module)]
+        if isinstance(module, tuple(NORMS.values())):
+            module._dist_ctx = ctx
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout) and not hasattr(module, "_dist_hook"):
             module._dist_hook = module.register_forward_hook(_remember_undropped)
@@ -146,14 +152,11 @@ def _convert(module: MessagePassing, name: str, ctx: DistContext) -> None:
         cls = type(module)
         if cls in SUBCLASSES:
             module.__class__ = SUBCLASSES[cls]
-        elif cls.__name__ in UNSUPPORTED or module.inspector.implements("edge_update"):
+        elif module.inspector.implements("edge_update"):  # a user's layer
             raise NotImplementedError(
-                f"pyg_dist cannot distribute '{name}' ({cls.__name__}): its "
-                f"forward computes degree- or node-count-dependent values (or "
-                f"edge updates) on the graph it is given before propagating, "
-                f"which would be wrong on a partition. Supported: GCNConv, "
-                f"SAGEConv, GATConv, GINConv, GraphConv and layers that only "
-                f"propagate node features")
+                f"pyg_dist cannot distribute '{name}' ({cls.__name__}): it updates "
+                f"edges on the graph it is given before propagating, which would be "
+                f"wrong on a partition")
         elif not isinstance(module, (DistGCNConv, DistGATConv)):
             module.register_propagate_forward_pre_hook(_propagate_pre_hook)
             module.register_message_forward_hook(_message_weight_hook)
@@ -174,9 +177,12 @@ def _trim_input(module: MessagePassing, args):
     return None
 
 
-def _source_args(module: MessagePassing) -> Set[str]:
-    r"""Arguments of propagate that messages read at the source (``*_j``)."""
-    return {arg[:-2] for arg in module._user_args if arg.endswith("_j")}
+def _source_args(module: MessagePassing) -> List[str]:
+    r"""Arguments of propagate that messages read at the source (``*_j``),
+    in the order of the message signature: every rank exchanges them in
+    the same order (a set's order follows each process's string hashing,
+    so two tensors of one shape could be swapped between ranks)."""
+    return list(dict.fromkeys(arg[:-2] for arg in module._user_args if arg.endswith("_j")))
 
 
 def _propagate_pre_hook(module: MessagePassing, inputs):

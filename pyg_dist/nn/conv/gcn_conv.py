@@ -3,6 +3,7 @@ from typing import Optional
 from torch import Tensor
 from torch_geometric.nn import GCNConv
 from torch_geometric.typing import Adj
+from torch_geometric.utils import is_torch_sparse_tensor
 
 
 class DistGCNConv(GCNConv):
@@ -49,8 +50,12 @@ class DistGCNConv(GCNConv):
                    edge_weight: Optional[Tensor]) -> Tensor:
         ctx = self._dist_ctx
         if self.normalize:
-            edge_index, edge_weight = ctx.gcn_norm(edge_index, edge_weight,
-                                                   self.improved,
+            # As PyG: on an edge_index without weights the self-loops get
+            # weight 1 whatever `improved` says; sparse inputs apply it.
+            improved = self.improved and (edge_weight is not None
+                                          or not isinstance(edge_index, Tensor)
+                                          or is_torch_sparse_tensor(edge_index))
+            edge_index, edge_weight = ctx.gcn_norm(edge_index, edge_weight, improved,
                                                    self.add_self_loops, x.dtype)
         else:
             edge_index, edge_weight = ctx.weighted_adjacency(edge_index, edge_weight,

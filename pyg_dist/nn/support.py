@@ -1,0 +1,139 @@
+r"""Which modules :func:`~pyg_dist.nn.distribute` makes exact, and why it
+refuses the others.
+
+A model distributes only if every one of its modules is known to compute
+under ``distribute()`` what it computes in single-process PyG: PyG's own
+layers by name (verified by ``tests/test_layer_zoo.py``, which builds every
+class of ``torch_geometric.nn.conv`` and ``torch_geometric.nn.norm``), row-wise
+``torch.nn`` modules, and norms converted to whole-graph statistics
+(:mod:`pyg_dist.nn.norm`). A PyG or ``torch.nn`` module of any other class,
+including one a later PyG release adds, is refused before any work, naming
+its path in the model and the reason. Modules of other libraries and the
+user's own (a model class, a ``MessagePassing`` that only propagates node
+features) are the user's to vouch for; their children are checked all the
+same.
+"""
+from typing import Dict, Optional
+
+import torch
+
+#: PyG convolutions that are exact under distribute() (each propagate call
+#: fetches the halo rows of its source-side inputs).
+EXACT_CONVS = {
+    "GCNConv", "SAGEConv", "GraphConv", "GatedGraphConv", "ResGatedGraphConv", "GATConv",
+    "TransformerConv", "GINConv", "GINEConv", "NNConv", "CGConv", "EdgeConv", "FeaStConv",
+    "LEConv", "GENConv", "FiLMConv", "GeneralConv", "AntiSymmetricConv", "SimpleConv",
+    "PointTransformerConv",
+}
+
+_NORMALISES_LOCALLY = ("normalises with the degrees or Laplacian of the graph it is given "
+                       "(the partition's, not the whole graph's)")
+_READS_TARGETS = ("reads its target rows from the tensor that distribute() extends with "
+                  "halo rows")
+
+#: PyG classes refused, and why.
+REFUSED: Dict[str, str] = {
+    **dict.fromkeys(["APPNP", "ARMAConv", "ChebConv", "ClusterGCNConv", "FAConv", "GCN2Conv",
+                     "LGConv", "MixHopConv", "SGConv", "SSGConv", "TAGConv", "PDNConv",
+                     "EGConv", "MFConv"], _NORMALISES_LOCALLY),
+    **dict.fromkeys(["AGNNConv", "SuperGATConv", "PNAConv"], _READS_TARGETS),
+    "GATv2Conv": "computes its attention in an edge updater on the local graph",
+    "DirGNNConv": "propagates over the reversed graph, whose edges cross the partition "
+                  "the other way",
+    "GPSConv": "its global attention would attend over this rank's nodes only",
+    "WLConvContinuous": "has no parameters to train and aggregates through a path the "
+                        "partition's adjacency does not support",
+    "DNAConv": "takes every layer's history (x of shape [N, L, C])",
+    "DegreeScalerAggregation": "scales by degrees of the graph it is given (PNA)",
+    "LSTMAggregation": "pads and orders each neighbourhood as PyG does on the whole graph "
+                       "(the largest in-degree differs per partition)",
+    "GRUAggregation": "depends on the order and padding of neighbourhoods",
+    "SortAggregation": "a graph-level readout over this rank's nodes only",
+    "SetTransformerAggregation": "depends on the order and padding of neighbourhoods",
+    "MLPAggregation": "depends on the order and padding of neighbourhoods",
+    "DeepSetsAggregation": "a set readout whose padding depends on the largest degree",
+    "GraphMultisetTransformer": "a graph-level readout over this rank's nodes only",
+    "Set2Set": "a graph-level readout over this rank's nodes only",
+    "AttentionalAggregation": "a graph-level readout over this rank's nodes only",
+    "EquilibriumAggregation": "a graph-level readout over this rank's nodes only",
+    "PatchTransformerAggregation": "depends on the order and padding of neighbourhoods",
+    "HeteroBatchNorm": "heterogeneous norms are not supported",
+    "HeteroLayerNorm": "heterogeneous norms are not supported",
+}
+
+#: Other PyG modules that compute row by row (or only hold children).
+ROW_WISE_PYG = {
+    "Linear", "MLP", "JumpingKnowledge", "Sequential", "Reshape", "DiffGroupNorm",
+    "TrimToLayer",
+    "GCN", "GraphSAGE", "GIN", "GAT", "PNA", "EdgeCNN", "MultiAggregation",
+    "SumAggregation", "MeanAggregation", "MaxAggregation", "MinAggregation",
+    "MulAggregation", "VarAggregation", "StdAggregation", "SoftmaxAggregation",
+    "PowerMeanAggregation", "MedianAggregation", "QuantileAggregation",
+    "VariancePreservingAggregation", "LayerNorm", "BatchNorm", "InstanceNorm", "GraphNorm",
+    "GraphSizeNorm", "PairNorm", "MeanSubtractionNorm",
+}
+
+#: torch.nn modules that compute row by row on node features [N, C].
+ROW_WISE_TORCH = (
+    torch.nn.Linear, torch.nn.Bilinear, torch.nn.Identity, torch.nn.Dropout,
+    torch.nn.AlphaDropout, torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict,
+    torch.nn.LayerNorm, torch.nn.RMSNorm, torch.nn.GroupNorm, torch.nn.Embedding,
+    torch.nn.Flatten, torch.nn.Unflatten, torch.nn.GRUCell, torch.nn.LSTMCell,
+    torch.nn.LSTM, torch.nn.GRU, torch.nn.BatchNorm1d,
+)
+
+
+def refusal(module: torch.nn.Module) -> Optional[str]:
+    r"""Why :obj:`module` cannot be made exact under distribute() (``None``:
+    it can, possibly after conversion)."""
+    cls = type(module)
+    name, origin = cls.__name__, cls.__module__
+    if origin.startswith("torch_geometric."):
+        if name in REFUSED:
+            return REFUSED[name]
+        if name in EXACT_CONVS or name in ROW_WISE_PYG:
+            return None
+        return (f"{name} is not among the PyG classes verified under pyg_dist (see the "
+                f"README's table of supported layers)")
+    if origin.startswith("torch.nn."):
+        if isinstance(module, torch.nn.modules.activation.MultiheadAttention):
+            return "attention over all nodes would attend over this rank's nodes only"
+        if cls in ROW_WISE_TORCH or origin == "torch.nn.modules.activation":
+            return None
+        return (f"torch.nn.{name} is not verified to compute row by row on node features "
+                f"(supported norms: BatchNorm1d, LayerNorm, GroupNorm, RMSNorm)")
+    return None
+
+
+def check_model(model: torch.nn.Module) -> None:
+    r"""Raises :class:`NotImplementedError` naming every module of
+    :obj:`model` that :func:`refusal` refuses, with its path and reason."""
+    refused = [f"'{path or type(model).__name__}' ({type(m).__name__}): {why}"
+               for path, m in model.named_modules() if (why := refusal(m)) is not None]
+    if refused:
+        raise NotImplementedError(
+            "pyg_dist cannot distribute this model exactly:\n  " + "\n  ".join(refused))
+
+
+def markdown_table() -> str:
+    r"""The README's table of supported layers, from the classification
+    above."""
+    from pyg_dist.nn.norm import NORMS
+
+    def names(items) -> str:
+        return ", ".join(f"`{n}`" for n in sorted(items))
+
+    norms = [("torch.nn." if c.__module__.startswith("torch.nn") else "") + c.__name__
+             for c in NORMS]
+    rows = [("exact: each propagate call fetches its halo rows", names(EXACT_CONVS)),
+            ("exact: statistics over the nodes of all ranks (one all-reduce)", names(norms)),
+            ("exact: row-wise or containers", names(ROW_WISE_PYG - {
+                "LayerNorm", "BatchNorm", "InstanceNorm", "GraphNorm", "GraphSizeNorm",
+                "PairNorm", "MeanSubtractionNorm"}))]
+    by_reason: Dict[str, list] = {}
+    for name, why in REFUSED.items():
+        by_reason.setdefault(why, []).append(name)
+    rows += [(f"refused: {why}", names(group)) for why, group in by_reason.items()]
+    rows.append(("refused: not verified under pyg_dist", "any other PyG or `torch.nn` class"))
+    return "\n".join(["| under `distribute()` | classes |", "|---|---|"]
+                     + [f"| {what} | {who} |" for what, who in rows])
