@@ -231,6 +231,12 @@ class DistContext:
         values weighted for an unbiased sampled :obj:`aggr`) or
         ``edge_index`` (per-edge messages) when :obj:`edge_index` is the
         partition's own graph; any other graph is returned as given."""
+        made_for = getattr(edge_index, "_dist_plan", None)  # by pyg_dist.nn.gcn_norm
+        if made_for is not None:
+            if made_for is not self.plan and not (made_for.is_exact and self.plan.is_exact):
+                raise ValueError("A layer reused the normalised graph of another halo plan "
+                                 "(cached=True): use cached=False with a sampler")
+            return edge_index
         if not self.is_local_graph(edge_index):
             self._require_exact_plan()
             return edge_index

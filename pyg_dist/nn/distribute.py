@@ -1,22 +1,31 @@
 """``distribute()``: turn a plain PyG model into a partition-parallel one."""
-from typing import List, Optional
+from typing import List, Optional, Set
 
 import torch
 from torch import Tensor
-from torch_geometric.nn import GATConv, GCNConv, GINConv, GraphConv, SAGEConv
+from torch_geometric.nn import (ChebConv, ClusterGCNConv, GATConv, GATv2Conv, GCNConv, GINConv,
+                                GraphConv, SAGEConv)
 from torch_geometric.nn.conv import MessagePassing
 
 from pyg_dist.cache import FeatureCache, HaloCache
 from pyg_dist.data import DistData
 from pyg_dist.metrics import CommStats
 from pyg_dist.nn.context import DistContext
-from pyg_dist.nn.conv import DistGATConv, DistGCNConv
+from pyg_dist.nn import gcn_norm
+from pyg_dist.nn.conv import DistChebConv, DistGATConv, DistGATv2Conv, DistGCNConv
 from pyg_dist.nn.norm import NORMS
 from pyg_dist.nn.support import check_model
 
 # Layers whose forward does node-count dependent work before propagate get a
 # subclass; the others are distributed by a propagate pre-hook.
-SUBCLASSES = {GCNConv: DistGCNConv, GATConv: DistGATConv}
+SUBCLASSES = {GCNConv: DistGCNConv, GATConv: DistGATConv, GATv2Conv: DistGATv2Conv,
+              ChebConv: DistChebConv}
+# ...of which these fetch their halo rows themselves (no propagate pre-hook).
+SELF_EXCHANGING = (DistGCNConv, DistGATConv, DistGATv2Conv)
+
+# Layers whose forward normalises a sparse adjacency it takes to be square
+# (the partition's adj_t is [inner, inner + halo]): given the edge_index.
+EDGE_INDEX_ONLY = (ClusterGCNConv, )
 
 
 # Layers whose propagate aggregates the raw input with no parameter involved
@@ -96,6 +105,7 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
         raise ValueError(f"'{type(model).__name__}' contains no MessagePassing "
                          f"layer to distribute")
     check_model(model)
+    gcn_norm.install()
     ctx = DistContext(data, group, stats, exchange_dtype, cache, feature_cache, overlap)
     for i, (name, module) in enumerate(layers):
         _convert(module, name or type(module).__name__, ctx)
@@ -148,7 +158,6 @@ def _precomputed_propagate(module: MessagePassing, edge_index, size=None, **kwar
 
 def _convert(module: MessagePassing, name: str, ctx: DistContext) -> None:
     if getattr(module, "_dist_ctx", None) is None:  # not converted yet
-        module.register_forward_pre_hook(_trim_input)
         cls = type(module)
         if cls in SUBCLASSES:
             module.__class__ = SUBCLASSES[cls]
@@ -157,7 +166,9 @@ def _convert(module: MessagePassing, name: str, ctx: DistContext) -> None:
                 f"pyg_dist cannot distribute '{name}' ({cls.__name__}): it updates "
                 f"edges on the graph it is given before propagating, which would be "
                 f"wrong on a partition")
-        elif not isinstance(module, (DistGCNConv, DistGATConv)):
+        module.register_forward_pre_hook(_trim_input)
+        module.register_forward_hook(_leave, always_call=True)
+        if not isinstance(module, SELF_EXCHANGING):
             module.register_propagate_forward_pre_hook(_propagate_pre_hook)
             module.register_message_forward_hook(_message_weight_hook)
             if ctx.overlap:
@@ -168,13 +179,24 @@ def _convert(module: MessagePassing, name: str, ctx: DistContext) -> None:
 
 def _trim_input(module: MessagePassing, args):
     r"""Cuts the node rows a layer is given to its plan's inputs when the
-    plan says so (a mini-batch's layers run on shrinking prefixes)."""
+    plan says so (a mini-batch's layers run on shrinking prefixes), and
+    gives a layer of :data:`EDGE_INDEX_ONLY` the partition's ``edge_index``
+    for its ``adj_t``."""
     ctx: DistContext = module._dist_ctx
     ctx.enter(module._dist_key)
+    gcn_norm.enter(ctx)
+    module._dist_calls = 0
+    args = list(args)
+    if isinstance(module, EDGE_INDEX_ONLY) and len(args) > 1 and args[1] is ctx.data.adj_t:
+        args[1] = ctx.data.edge_index
     x = args[0] if args else None
     if ctx.plan.trim_input and isinstance(x, Tensor) and x.size(0) > ctx.num_inner:
-        return (x[:ctx.num_inner], ) + tuple(args[1:])
-    return None
+        args[0] = x[:ctx.num_inner]
+    return tuple(args)
+
+
+def _leave(module: MessagePassing, args, out) -> None:
+    gcn_norm.leave()
 
 
 def _source_args(module: MessagePassing) -> List[str]:
@@ -183,6 +205,11 @@ def _source_args(module: MessagePassing) -> List[str]:
     the same order (a set's order follows each process's string hashing,
     so two tensors of one shape could be swapped between ranks)."""
     return list(dict.fromkeys(arg[:-2] for arg in module._user_args if arg.endswith("_j")))
+
+
+def _target_args(module: MessagePassing) -> Set[str]:
+    r"""Arguments of propagate that messages read at the target (``*_i``)."""
+    return {arg[:-2] for arg in module._user_args if arg.endswith("_i")}
 
 
 def _propagate_pre_hook(module: MessagePassing, inputs):
@@ -195,10 +222,16 @@ def _propagate_pre_hook(module: MessagePassing, inputs):
     ctx: DistContext = module._dist_ctx
     ctx.enter(module._dist_key)
     sources = _source_args(module)
+    # A layer that propagates K times exchanges K times, each under its own key.
+    call, module._dist_calls = module._dist_calls, module._dist_calls + 1
+    suffix = f"#{call}" if call else ""
+    targets = _target_args(module)
     for arg in sources:
-        value, key = kwargs.get(arg), f"{module._dist_key}.{arg}"
+        value, key = kwargs.get(arg), f"{module._dist_key}.{arg}{suffix}"
         if isinstance(value, Tensor):
-            kwargs[arg] = ctx.extend(key, value)
+            # read at targets too (x_i): the targets keep the inner rows
+            kwargs[arg] = ((ctx.extend(key, value), value) if arg in targets
+                           else ctx.extend(key, value))
         elif isinstance(value, (tuple, list)) and isinstance(value[0], Tensor):
             kwargs[arg] = (ctx.extend(key, value[0]), value[1])
     local = ctx.is_local_graph(edge_index)

@@ -20,31 +20,29 @@ import torch
 #: PyG convolutions that are exact under distribute() (each propagate call
 #: fetches the halo rows of its source-side inputs).
 EXACT_CONVS = {
-    "GCNConv", "SAGEConv", "GraphConv", "GatedGraphConv", "ResGatedGraphConv", "GATConv",
+    "GCNConv", "GATv2Conv", "ChebConv", "SAGEConv", "GraphConv", "GatedGraphConv", "ResGatedGraphConv", "GATConv",
     "TransformerConv", "GINConv", "GINEConv", "NNConv", "CGConv", "EdgeConv", "FeaStConv",
     "LEConv", "GENConv", "FiLMConv", "GeneralConv", "AntiSymmetricConv", "SimpleConv",
     "PointTransformerConv",
+    # their gcn_norm is the whole graph's (pyg_dist.nn.gcn_norm)
+    "SGConv", "SSGConv", "APPNP", "TAGConv", "GCN2Conv", "MixHopConv", "LGConv", "FAConv",
+    "EGConv", "PDNConv",
+    # read target rows (x_i): given (halo-extended, inner) pairs
+    "AGNNConv", "PNAConv", "MFConv", "WLConvContinuous",
+    # normalises by in-degrees of its targets (inner nodes: all their edges are local)
+    "ClusterGCNConv",
 }
-
-_NORMALISES_LOCALLY = ("normalises with the degrees or Laplacian of the graph it is given "
-                       "(the partition's, not the whole graph's)")
-_READS_TARGETS = ("reads its target rows from the tensor that distribute() extends with "
-                  "halo rows")
 
 #: PyG classes refused, and why.
 REFUSED: Dict[str, str] = {
-    **dict.fromkeys(["APPNP", "ARMAConv", "ChebConv", "ClusterGCNConv", "FAConv", "GCN2Conv",
-                     "LGConv", "MixHopConv", "SGConv", "SSGConv", "TAGConv", "PDNConv",
-                     "EGConv", "MFConv"], _NORMALISES_LOCALLY),
-    **dict.fromkeys(["AGNNConv", "SuperGATConv", "PNAConv"], _READS_TARGETS),
-    "GATv2Conv": "computes its attention in an edge updater on the local graph",
+    "ARMAConv": "propagates node features of shape [K, N, C] (nodes not in the first "
+                "dimension)",
+    "SuperGATConv": "samples positive and negative edges of the graph it is given (the "
+                    "partition's) for its attention loss",
     "DirGNNConv": "propagates over the reversed graph, whose edges cross the partition "
                   "the other way",
     "GPSConv": "its global attention would attend over this rank's nodes only",
-    "WLConvContinuous": "has no parameters to train and aggregates through a path the "
-                        "partition's adjacency does not support",
     "DNAConv": "takes every layer's history (x of shape [N, L, C])",
-    "DegreeScalerAggregation": "scales by degrees of the graph it is given (PNA)",
     "LSTMAggregation": "pads and orders each neighbourhood as PyG does on the whole graph "
                        "(the largest in-degree differs per partition)",
     "GRUAggregation": "depends on the order and padding of neighbourhoods",
@@ -64,12 +62,12 @@ REFUSED: Dict[str, str] = {
 #: Other PyG modules that compute row by row (or only hold children).
 ROW_WISE_PYG = {
     "Linear", "MLP", "JumpingKnowledge", "Sequential", "Reshape", "DiffGroupNorm",
-    "TrimToLayer",
+    "TrimToLayer", "FusedAggregation",
     "GCN", "GraphSAGE", "GIN", "GAT", "PNA", "EdgeCNN", "MultiAggregation",
     "SumAggregation", "MeanAggregation", "MaxAggregation", "MinAggregation",
     "MulAggregation", "VarAggregation", "StdAggregation", "SoftmaxAggregation",
     "PowerMeanAggregation", "MedianAggregation", "QuantileAggregation",
-    "VariancePreservingAggregation", "LayerNorm", "BatchNorm", "InstanceNorm", "GraphNorm",
+    "VariancePreservingAggregation", "DegreeScalerAggregation", "LayerNorm", "BatchNorm", "InstanceNorm", "GraphNorm",
     "GraphSizeNorm", "PairNorm", "MeanSubtractionNorm",
 }
 

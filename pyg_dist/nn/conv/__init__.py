@@ -1,4 +1,5 @@
-from pyg_dist.nn.conv.gat_conv import DistGATConv
+from pyg_dist.nn.conv.cheb_conv import DistChebConv
+from pyg_dist.nn.conv.gat_conv import DistGATConv, DistGATv2Conv
 from pyg_dist.nn.conv.gcn_conv import DistGCNConv
 
-__all__ = ["DistGCNConv", "DistGATConv"]
+__all__ = ["DistGCNConv", "DistGATConv", "DistGATv2Conv", "DistChebConv"]

@@ -1,8 +1,22 @@
 from typing import Optional
 
 from torch import Tensor
-from torch_geometric.nn import GATConv
+from torch_geometric.nn import GATConv, GATv2Conv
 from torch_geometric.typing import Adj
+
+
+def _attend(layer, x: Tensor, edge_index: Adj, edge_attr: Optional[Tensor],
+            return_attention_weights):
+    r"""Runs the PyG attention layer bipartitely on ``(x_inner | x_halo,
+    x_inner)`` over the plan's ``edge_index``."""
+    ctx = layer._dist_ctx
+    ctx.enter(layer._dist_key)
+    x_src = ctx.extend(layer._dist_key, x)
+    if edge_attr is not None and ctx.is_local_graph(edge_index):
+        edge_attr = ctx.plan.edges(edge_attr)
+    edge_index = ctx.adjacency(edge_index, fused=False)
+    return super(type(layer), layer).forward(
+        (x_src, x), edge_index, edge_attr, return_attention_weights=return_attention_weights)
 
 
 class DistGATConv(GATConv):
@@ -22,11 +36,17 @@ class DistGATConv(GATConv):
 
     def forward(self, x: Tensor, edge_index: Adj, edge_attr: Optional[Tensor] = None,
                 size=None, return_attention_weights=None):
-        ctx = self._dist_ctx
-        ctx.enter(self._dist_key)
-        x_src = ctx.extend(self._dist_key, x)
-        if edge_attr is not None and ctx.is_local_graph(edge_index):
-            edge_attr = ctx.plan.edges(edge_attr)
-        edge_index = ctx.adjacency(edge_index, fused=False)
-        return super().forward((x_src, x), edge_index, edge_attr,
-                               return_attention_weights=return_attention_weights)
+        return _attend(self, x, edge_index, edge_attr, return_attention_weights)
+
+
+class DistGATv2Conv(GATv2Conv):
+    r"""Distributed :class:`torch_geometric.nn.GATv2Conv`, as
+    :class:`DistGATConv`: its edge updater computes the attention logits
+    :math:`\mathbf{a}^{\top}\mathrm{LeakyReLU}(\mathbf{W}_s \mathbf{x}_j +
+    \mathbf{W}_t \mathbf{x}_i)` on the plan's edges, with the halo rows of
+    :math:`\mathbf{x}` as sources (each rank transforms the halo rows it
+    receives)."""
+
+    def forward(self, x: Tensor, edge_index: Adj, edge_attr: Optional[Tensor] = None,
+                return_attention_weights=None):
+        return _attend(self, x, edge_index, edge_attr, return_attention_weights)

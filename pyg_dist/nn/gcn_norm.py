@@ -1,0 +1,94 @@
+r"""PyG's ``gcn_norm`` answered with the whole graph's degrees inside
+distributed layers.
+
+SGConv, SSGConv, APPNP, TAGConv, GCN2Conv, MixHopConv, LGConv, FAConv,
+EGConv, PDNConv (any layer of :mod:`torch_geometric.nn.conv` that calls
+``gcn_norm`` in its forward) normalise the graph they are given. On a
+partition that graph is the rank's local one, whose halo nodes miss most of
+their edges. While a distributed layer runs its forward, the ``gcn_norm``
+these modules call is :meth:`DistContext.gcn_norm
+<pyg_dist.nn.DistContext.gcn_norm>`: the same weights
+
+.. math::
+    \frac{w_{ji}}{\sqrt{\hat d_j \hat d_i}}, \qquad
+    \hat d_i = \sum_{j \in \mathcal N(i) \cup \{i\}} w_{ji}
+
+with the degrees of the whole graph (a halo degree comes from its owner),
+on the current plan's edges (a sampled plan's :math:`1/p` included), in the
+form the layer passed: a CSR ``adj_t`` for a sparse input, ``(edge_index,
+edge_weight)`` for an ``edge_index``. Each of the layer's K propagate calls
+then fetches the current halo rows: K exchanges, counted under their own
+keys, each served by the model's sampler plan and cache. Outside a
+distributed layer the original ``gcn_norm`` runs unchanged.
+"""
+import importlib
+import pkgutil
+import threading
+from typing import Optional
+
+import torch
+import torch_geometric.nn.conv as pyg_conv
+from torch import Tensor
+from torch_geometric.nn.conv.gcn_conv import gcn_norm as pyg_gcn_norm
+from torch_geometric.utils import is_torch_sparse_tensor
+
+_running = threading.local()  # the DistContext of the layer running in this thread
+
+
+def enter(ctx) -> None:
+    r"""A distributed layer's forward starts (nested layers stack)."""
+    stack = getattr(_running, "stack", None)
+    if stack is None:
+        stack = _running.stack = []
+    stack.append(ctx)
+
+
+def leave() -> None:
+    _running.stack.pop()
+
+
+def _current():
+    stack = getattr(_running, "stack", None)
+    return stack[-1] if stack else None
+
+
+def gcn_norm(edge_index, edge_weight: Optional[Tensor] = None, num_nodes: Optional[int] = None,
+             improved: bool = False, add_self_loops: bool = True,
+             flow: str = "source_to_target", dtype: Optional[torch.dtype] = None):
+    r"""PyG's ``gcn_norm`` signature; inside a distributed layer, the whole
+    graph's normalisation of the current plan (see the module docstring)."""
+    ctx = _current()
+    if ctx is None:
+        return pyg_gcn_norm(edge_index, edge_weight, num_nodes, improved, add_self_loops,
+                            flow, dtype)
+    if flow != "source_to_target":
+        raise NotImplementedError("distributed gcn_norm supports flow='source_to_target'")
+    sparse = is_torch_sparse_tensor(edge_index)
+    adj_t, _ = ctx.gcn_norm(edge_index, edge_weight, improved, add_self_loops,
+                            dtype or torch.float)
+    if not isinstance(adj_t, Tensor) or adj_t.layout != torch.sparse_csr:
+        return adj_t, _  # a bipartite edge_index given by the caller, normalised
+    adj_t._dist_plan = ctx.plan
+    if sparse:
+        return adj_t, None
+    dst = torch._convert_indices_from_csr_to_coo(adj_t.crow_indices(), adj_t.col_indices())[0]
+    edge_index = torch.stack([adj_t.col_indices(), dst])
+    edge_index._dist_plan = ctx.plan
+    return edge_index, adj_t.values()
+
+
+_installed = False
+
+
+def install() -> None:
+    r"""Points every PyG conv module that imported ``gcn_norm`` at
+    :func:`gcn_norm` (once)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    for info in pkgutil.iter_modules(pyg_conv.__path__):
+        module = importlib.import_module(f"{pyg_conv.__name__}.{info.name}")
+        if getattr(module, "gcn_norm", None) is pyg_gcn_norm and module.__name__ != \
+                "torch_geometric.nn.conv.gcn_conv":
+            module.gcn_norm = gcn_norm
