@@ -67,6 +67,7 @@ CONVS = {
                                     deg=torch.tensor([0, 4, 8, 4, 2])), ()),
     "ClusterGCNConv": (lambda: gnn.ClusterGCNConv(F, C), ()),
     "GENConv": (lambda: gnn.GENConv(F, C), ()),
+    "GENConv(msg_norm)": (lambda: gnn.GENConv(F, C, msg_norm=True, learn_msg_scale=True), ()),
     "GCN2Conv": (lambda: gnn.GCN2Conv(F, alpha=0.1), ("x0", )),
     "WLConvContinuous": (lambda: gnn.WLConvContinuous(), ()),
     "FiLMConv": (lambda: gnn.FiLMConv(F, C), ()),
@@ -130,7 +131,7 @@ NORMS = {
 NORMS_NOT_APPLICABLE = {
     "HeteroBatchNorm": "heterogeneous (type_vec)",
     "HeteroLayerNorm": "heterogeneous (type_vec)",
-    "MessageNorm": "normalises messages inside a layer (msg argument)",
+    "MessageNorm": "normalises messages inside a layer: tried as GENConv(msg_norm)",
 }
 
 MODELS = {

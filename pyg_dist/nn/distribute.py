@@ -183,8 +183,8 @@ def _trim_input(module: MessagePassing, args):
     gives a layer of :data:`EDGE_INDEX_ONLY` the partition's ``edge_index``
     for its ``adj_t``."""
     ctx: DistContext = module._dist_ctx
+    gcn_norm.enter(ctx)  # first: _leave runs even if this hook raises
     ctx.enter(module._dist_key)
-    gcn_norm.enter(ctx)
     module._dist_calls = 0
     args = list(args)
     if isinstance(module, EDGE_INDEX_ONLY) and len(args) > 1 and args[1] is ctx.data.adj_t:
@@ -223,7 +223,8 @@ def _propagate_pre_hook(module: MessagePassing, inputs):
     ctx.enter(module._dist_key)
     sources = _source_args(module)
     # A layer that propagates K times exchanges K times, each under its own key.
-    call, module._dist_calls = module._dist_calls, module._dist_calls + 1
+    call = getattr(module, "_dist_calls", 0)
+    module._dist_calls = call + 1
     suffix = f"#{call}" if call else ""
     targets = _target_args(module)
     for arg in sources:

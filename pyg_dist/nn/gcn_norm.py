@@ -44,7 +44,9 @@ def enter(ctx) -> None:
 
 
 def leave() -> None:
-    _running.stack.pop()
+    stack = getattr(_running, "stack", None)
+    if stack:
+        stack.pop()
 
 
 def _current():

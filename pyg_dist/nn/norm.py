@@ -20,7 +20,6 @@ from typing import NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn import norm as pyg_norm
 
@@ -106,7 +105,7 @@ class DistBatchNorm1d(torch.nn.BatchNorm1d):
     runs as usual."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if not (self.training or not self.track_running_stats):
+        if not self.training and self.track_running_stats:
             return super().forward(x)
         if x.dim() != 2:
             raise ValueError(f"BatchNorm1d under distribute() normalises node features "
@@ -137,7 +136,7 @@ class DistInstanceNorm(pyg_norm.InstanceNorm):
     def forward(self, x: Tensor, batch: Optional[Tensor] = None,
                 batch_size: Optional[int] = None) -> Tensor:
         _no_batch(self, batch)
-        if not (self.training or not self.track_running_stats):
+        if not self.training and self.track_running_stats:
             return super().forward(x)
         moments = node_moments(x, _group(self))
         if self.training and self.track_running_stats:

@@ -62,7 +62,7 @@ REFUSED: Dict[str, str] = {
 #: Other PyG modules that compute row by row (or only hold children).
 ROW_WISE_PYG = {
     "Linear", "MLP", "JumpingKnowledge", "Sequential", "Reshape", "DiffGroupNorm",
-    "TrimToLayer", "FusedAggregation",
+    "TrimToLayer", "FusedAggregation", "MessageNorm",
     "GCN", "GraphSAGE", "GIN", "GAT", "PNA", "EdgeCNN", "MultiAggregation",
     "SumAggregation", "MeanAggregation", "MaxAggregation", "MinAggregation",
     "MulAggregation", "VarAggregation", "StdAggregation", "SoftmaxAggregation",
