@@ -89,3 +89,15 @@ def test_a_refusal_names_every_module_and_why(graph, tmp_path):
     assert "'gps.attn' (MultiheadAttention)" in message
     assert "'sage.aggr_module' (LSTMAggregation)" in message
     assert not hasattr(model["sage"], "_dist_ctx")  # nothing was converted
+
+
+def test_a_norm_given_a_batch_vector_is_refused(graph, tmp_path):
+    r"""Several graphs in one partition would need per-graph statistics."""
+    from torch_geometric.nn import GraphNorm
+    pyg_dist.partition_graph(graph, 1, root=str(tmp_path))
+    pyg_dist.init()
+    part = pyg_dist.DistData.load(str(tmp_path), 0)
+    model = pyg_dist.nn.distribute(zoo.ConvThenNorm(GraphNorm(zoo.C)), part)
+    hidden = model.conv(part.x, part.adj_t)
+    with pytest.raises(ValueError, match="per-graph `batch` vector"):
+        model.norm(hidden, torch.zeros(part.num_inner, dtype=torch.long))
