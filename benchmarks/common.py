@@ -68,7 +68,8 @@ def run(net, root: str, out: str, flags: List[str], args) -> List[Dict[str, Any]
     otherwise); returns the rows of its ``metrics.jsonl``."""
     cmd = [sys.executable, "-m", "pyg_dist.cli", "train", "--root", root, "--out", out,
            "--epochs", str(args.epochs), "--eval-every", str(args.epochs),
-           "--hidden", str(args.hidden), "--no-progress", "--no-plots", *flags]
+           "--hidden", str(args.hidden), "--no-progress", "--no-plots",
+           "--overwrite", *flags]  # benchmark folders are scratch: reruns replace them
     env = {"PYTHONWARNINGS": "ignore"}
     if getattr(args, "pin_malloc", False):  # large tensors mmapped and returned: RSS = live
         env.update(MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")

@@ -150,7 +150,8 @@ def main() -> None:
     args = parser.parse_args()
 
     config = TrainConfig(model="sage", num_layers=3, hidden=args.hidden, dropout=0.5,
-                         epochs=args.epochs, eval_every=args.epochs, progress=False)
+                         epochs=args.epochs, eval_every=args.epochs, progress=False,
+                         overwrite=True)  # the workdir is scratch: reruns replace it
     data = load_data(args.data_dir, args.num_nodes)
     print(f"graph: {data.num_nodes:,} nodes, {data.num_edges:,} edges, "
           f"{data.num_features} features; {os.cpu_count()} cores; "

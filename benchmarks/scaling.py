@@ -66,7 +66,7 @@ def make_parts(num_nodes: int, num_parts: int, root: str) -> Dict[str, float]:
 def measure(num_nodes: int, num_parts: int, epochs: int, workdir: str) -> Dict[str, Any]:
     root = osp.join(workdir, f"parts_{num_nodes}_{num_parts}")
     graph, _ = isolated(make_parts, num_nodes, num_parts, root)
-    config = TrainConfig(epochs=epochs, eval_every=epochs, progress=False)
+    config = TrainConfig(epochs=epochs, eval_every=epochs, progress=False, overwrite=True)
     history, load = isolated(run_dist, root, config, osp.join(root, "run"), num_parts)
     timed = history[1:] or history
     per_rank = [max(r["peak_mem_per_rank"][i] for r in history) / MiB

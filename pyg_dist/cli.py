@@ -2,6 +2,7 @@
 import argparse
 import functools
 import json
+import math
 import os
 import sys
 from typing import List, Optional
@@ -26,10 +27,10 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--eval-every", type=int, default=d.eval_every)
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
-    p.add_argument("--nproc", type=int, default=None,
+    p.add_argument("--nproc", type=_positive(int, "--nproc"), default=None,
                    help="spawn this many local ranks (default: one per partition; "
                         "ignored under torchrun)")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+    p.add_argument("--timeout", type=_positive(float, "--timeout"), default=DEFAULT_TIMEOUT,
                    help="seconds a rank waits for a peer before failing")
     p.add_argument("--exchange-dtype", choices=list(CODECS), default=d.exchange_dtype,
                    help="how halo rows and gradients travel (int8: per-row scale)")
@@ -61,6 +62,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--resume", action="store_true",
                    help="continue from the latest checkpoint (same ranks, graph and "
                         "hyper-parameters; --epochs may grow)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run already in --out (without it, or --resume, an "
+                        "--out that holds a run is refused)")
     _add_sampler_args(p)
     _add_cache_args(p)
 
@@ -166,7 +170,8 @@ def _config(args: argparse.Namespace):
                        batch_size=args.batch_size, sampler_workers=args.sampler_workers,
                        adaptive_depth=not args.fixed_depth, inductive=args.inductive,
                        checkpoint_every=args.checkpoint_every,
-                       checkpoint_dir=args.checkpoint_dir, resume=args.resume)
+                       checkpoint_dir=args.checkpoint_dir, resume=args.resume,
+                       overwrite=args.overwrite)
 
 
 def run_training(root: str, config, out: Optional[str], nproc: Optional[int] = None,
@@ -183,11 +188,11 @@ def _run_ranks(fn, fn_args: tuple, root: str, nproc: Optional[int], timeout: flo
     (environment present) or for a single rank, else in :obj:`nproc` spawned
     local ranks (default: one per partition of :obj:`root`). Returns this
     rank's result (spawned: rank 0's)."""
-    from pyg_dist.distributed import available_cpus, spawn
+    from pyg_dist.distributed import die_with_parent, rank_threads, spawn
     from pyg_dist.partition.book import read_meta
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        torch.set_num_threads(max(1, available_cpus() // local_world))
+        die_with_parent(os.getppid())  # the agent: a killed torchrun leaves no rank
+        torch.set_num_threads(rank_threads(int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
         return _in_group(fn, fn_args, timeout)
     nproc = nproc or read_meta(root)["num_parts"]
     if nproc == 1:
@@ -229,7 +234,7 @@ def _add_dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", default=None, help="dataset directory (default "
                    "$PYG_DIST_DATA or ~/.cache/pyg_dist)")
     p.add_argument("--data-seed", type=int, default=0)
-    p.add_argument("--num-nodes", type=int, default=None,
+    p.add_argument("--num-nodes", type=_positive(int, "--num-nodes"), default=None,
                    help="size of the generated default graph")
 
 
@@ -293,6 +298,20 @@ def cmd_info(args: argparse.Namespace) -> None:
     print(book.summary())
 
 
+def _positive(kind, name: str):
+    r"""An argparse type: a number of :obj:`kind` that is finite and > 0."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"{name} must be a finite number > 0 "
+                                             f"(got '{text}')")
+        return value
+    return parse
+
+
 def cmd_train(args: argparse.Namespace) -> None:
     summary = run_training(args.root, _config(args), args.out, args.nproc, args.timeout)
     if int(os.environ.get("RANK", 0)) == 0:
@@ -328,7 +347,7 @@ def main(argv: Optional[List[str]] = None) -> None:
 
     p = sub.add_parser("partition", help="partition a dataset into per-rank files")
     _add_dataset_args(p)
-    p.add_argument("--num-parts", type=int, required=True)
+    p.add_argument("--num-parts", type=_positive(int, "--num-parts"), required=True)
     p.add_argument("--method", default="metis", choices=["metis", "random", "block"])
     p.add_argument("--block-hops", type=int, default=2,
                    help="--method block: hops of the neighbourhood blocks (ByteGNN)")
@@ -368,15 +387,15 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--root", required=True, help="partition directory")
     p.add_argument("--model-dir", required=True, help="the --out directory of a training run")
     p.add_argument("--out", required=True, help="directory for pred_{rank}.pt")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT)
+    p.add_argument("--timeout", type=_positive(float, "--timeout"), default=DEFAULT_TIMEOUT)
     p.set_defaults(fn=cmd_predict)
 
     p = sub.add_parser("demo", help="partition the default graph, train with 4 ranks "
                                     "and compare with single-process PyG")
     p.add_argument("--workdir", default="runs/demo")
-    p.add_argument("--nproc", type=int, default=4)
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--num-nodes", type=int, default=None)
+    p.add_argument("--nproc", type=_positive(int, "--nproc"), default=4)
+    p.add_argument("--epochs", type=_positive(int, "--epochs"), default=30)
+    p.add_argument("--num-nodes", type=_positive(int, "--num-nodes"), default=None)
     p.set_defaults(fn=cmd_demo)
 
     args = parser.parse_args(argv)

@@ -28,7 +28,8 @@ def demo(workdir: str = "runs/demo", nproc: int = 4, epochs: int = 30,
     print(book.summary())
 
     config = TrainConfig(model="sage", num_layers=3, hidden=64, dropout=0.5,
-                         lr=0.01, epochs=epochs, progress=False)
+                         lr=0.01, epochs=epochs, progress=False,
+                         overwrite=True)  # the demo's own scratch folder
     dist_summary = run_training(root, config, osp.join(workdir, "run"), nproc)
     print(f"\npyg_dist ({nproc} ranks), per-epoch metrics: "
           f"{osp.join(workdir, 'run', 'metrics.jsonl')}")

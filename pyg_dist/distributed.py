@@ -1,9 +1,12 @@
 """Process-group set-up: from torchrun's environment, explicit arguments, or
 a spawn helper for single-machine runs, notebooks and tests."""
+import ctypes
 import os
 import pickle
 import queue
+import signal
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -157,14 +160,44 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def rank_threads(local_ranks: int) -> int:
+    r"""Intra-op threads for each of :obj:`local_ranks` ranks on this node:
+    ``OMP_NUM_THREADS`` when set (a scheduler's or the user's share of the
+    node), else the cores of this process' affinity mask divided among the
+    local ranks."""
+    value = os.environ.get("OMP_NUM_THREADS")
+    if value:
+        try:
+            threads = int(value)
+        except ValueError:
+            threads = 0
+        if threads < 1:
+            raise ValueError(f"OMP_NUM_THREADS must be a whole number >= 1 (got '{value}')")
+        return threads
+    return max(1, available_cpus() // max(local_ranks, 1))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+def die_with_parent(parent_pid: int) -> None:
+    r"""Linux: this process is killed when :obj:`parent_pid` (its launcher)
+    exits, however it exits (SIGKILL included), so no rank outlives it."""
+    if not sys.platform.startswith("linux"):
+        return
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+        os._exit(1)
+
+
 def _worker(rank: int, world_size: int, port: int, backend: str, timeout: float,
-            threads: Optional[int], fn: Callable, args: Sequence, results) -> None:
+            threads: Optional[int], fn: Callable, args: Sequence, results,
+            parent_pid: int) -> None:
+    die_with_parent(parent_pid)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if threads:
@@ -183,6 +216,19 @@ def _worker(rank: int, world_size: int, port: int, backend: str, timeout: float,
             dist.destroy_process_group()
 
 
+# Seconds a rank may stay stopped (SIGSTOP) before the launcher kills it.
+STOPPED_GRACE = 5.0
+
+
+def _stopped(pid: Optional[int]) -> bool:
+    r"""Whether process :obj:`pid` is stopped (Linux ``/proc``; else never)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
 def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
           timeout: float = DEFAULT_TIMEOUT, join_timeout: Optional[float] = None,
           threads: Optional[int] = None) -> List[Any]:
@@ -193,21 +239,25 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
     i.e. defined in a module, not in ``__main__`` of a notebook). If a rank
     fails or dies, the others get :obj:`timeout` seconds to fail on their
     own collectives before being terminated, and a :class:`RuntimeError`
-    reports every rank's fate. :obj:`join_timeout` bounds the whole run.
-    :obj:`threads` sets each rank's intra-op threads (default: cores / ranks).
+    reports every rank's fate; a rank stopped (SIGSTOP) for more than
+    ``min(timeout, 5)`` seconds counts as failed and is killed. On Linux the
+    ranks die with this process, however it ends (SIGKILL included).
+    :obj:`join_timeout` bounds the whole run.
+    :obj:`threads` sets each rank's intra-op threads (default: :func:`rank_threads`).
     """
     ctx = torch.multiprocessing.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    threads = threads or max(1, available_cpus() // nprocs)
+    threads = threads or rank_threads(nprocs)
     procs = [ctx.Process(target=_worker, daemon=True,
                          args=(r, nprocs, port, backend, timeout, threads, fn, args,
-                               results)) for r in range(nprocs)]
+                               results, os.getpid())) for r in range(nprocs)]
     for p in procs:
         p.start()
     outcome: dict = {}
     deadline = None if join_timeout is None else time.monotonic() + join_timeout
     failed_at = None
+    stopped: dict = {}  # rank -> since when it is seen stopped
     try:
         while len(outcome) < nprocs:
             now = time.monotonic()
@@ -223,14 +273,26 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
             for r, p in enumerate(procs):  # a rank that died without reporting
                 if r not in outcome and not p.is_alive() and results.empty():
                     outcome[r] = (False, f"rank {r} died (exit code {p.exitcode})")
+                elif r not in outcome and _stopped(p.pid):  # SIGSTOP, a hung device
+                    stopped.setdefault(r, now)
+                    if now - stopped[r] > min(timeout, STOPPED_GRACE):
+                        outcome[r] = (False, f"rank {r} was stopped (SIGSTOP) for "
+                                             f"{now - stopped[r]:.0f} s: killed")
+                else:
+                    stopped.pop(r, None)
             if failed_at is None and any(not ok for ok, _ in outcome.values()):
                 failed_at = time.monotonic()
     finally:
         for p in procs:
+            if p.is_alive() and _stopped(p.pid):  # it cannot act on SIGTERM
+                p.kill()
             p.join(timeout=1)
             if p.is_alive():
                 p.terminate()
                 p.join(timeout=5)
+            if p.is_alive():  # stopped (SIGSTOP) or ignoring SIGTERM
+                p.kill()
+                p.join()
     missing = [r for r in range(nprocs) if r not in outcome]
     errors = {r: msg for r, (ok, msg) in outcome.items() if not ok}
     if errors or missing:

@@ -2,9 +2,12 @@
 benchmarks, and its single-process PyG twin for comparisons."""
 import copy
 import json
+import math
 import os
 import os.path as osp
+import shutil
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -74,6 +77,8 @@ class TrainConfig:
     checkpoint_every: int = 0
     checkpoint_dir: Optional[str] = None
     resume: bool = False
+    # Train into an out_dir that already holds a run, replacing it.
+    overwrite: bool = False
 
     def validate(self) -> None:
         if self.model not in MODELS:
@@ -83,9 +88,16 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)})")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1) (got {self.dropout})")
-        if self.lr <= 0 or self.weight_decay < 0:
-            raise ValueError(f"lr must be > 0 and weight_decay >= 0 "
-                             f"(got {self.lr}, {self.weight_decay})")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be > 0 and finite (got {self.lr})")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be >= 0 and finite "
+                             f"(got {self.weight_decay})")
+        if self.heads < 1:
+            raise ValueError(f"heads must be >= 1 (got {self.heads})")
+        if self.resume and self.overwrite:
+            raise ValueError("resume continues the run in out_dir, overwrite replaces it: "
+                             "choose one")
         check_sampler(self.sampler, self.sampler_args)
         get_codec(self.exchange_dtype)
         check_cache(self.cache, self.cache_args)
@@ -131,14 +143,32 @@ def build_model(config: TrainConfig, in_channels: int, out_channels: int) -> tor
                                 out_channels, dropout=config.dropout, **kwargs)
 
 
-def _allreduce_grads(params: List[Tensor], group=None) -> None:
+def _allreduce_grads(params: List[Tensor], group=None,
+                     loss: Optional[Tensor] = None) -> float:
     r"""One bucketed all-reduce of all weight gradients (sum: the loss is
-    already normalised by the global train count)."""
+    already normalised by the global train count) and, in the same buffer,
+    of :obj:`loss`. Returns the summed loss, ``nan`` when it or any summed
+    gradient is not finite: the same answer on every rank."""
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = _flatten_dense_tensors(grads)
-    dist.all_reduce(flat, group=group)
-    for p, g in zip(params, _unflatten_dense_tensors(flat, grads)):
+    extra = [loss.detach().reshape(1).to(grads[0].dtype)] if loss is not None else []
+    flat = _flatten_dense_tensors(grads + extra)
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(flat, group=group)
+    for p, g in zip(params, _unflatten_dense_tensors(flat, grads + extra)):
         p.grad = g
+    total = float(flat[-1]) if extra else 0.0
+    return total if bool(torch.isfinite(flat).all()) else float("nan")
+
+
+def _step(params: List[Tensor], optimizer, loss: Tensor, epoch: int, world: int,
+          stats) -> None:
+    r"""Sums the gradients over the ranks and steps, unless the loss or a
+    gradient is not finite (:class:`NonFiniteError`, on every rank)."""
+    with stats.timer("reduce") if world > 1 else nullcontext():
+        total = _allreduce_grads(params, loss=loss)
+    if not math.isfinite(total):
+        raise NonFiniteError(epoch, float(loss) if world == 1 else total)
+    optimizer.step()
 
 
 def _broadcast_params(model: torch.nn.Module) -> None:
@@ -209,6 +239,7 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     """
     config.validate()
     pyg_dist.init()
+    claim_out_dir(out_dir, config)
     if config.loader == "neighbor":
         from pyg_dist.train_neighbor import train_neighbor
         return train_neighbor(root, config, out_dir)
@@ -278,6 +309,40 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     return summary
 
 
+# What a run writes into its out_dir (and --overwrite removes).
+RUN_FILES = ("metrics.jsonl", "summary.json", "model.pt", "model.json", "checkpoint",
+             "curves.png", "time_breakdown.png", "memory.png")
+
+
+def claim_out_dir(out_dir: Optional[str], config: TrainConfig) -> None:
+    r"""Refuses an :obj:`out_dir` that holds a run unless the config
+    resumes it or overwrites it; on overwrite rank 0 removes the old run's
+    files first (before any collective, so before any rank writes)."""
+    if out_dir is None or not osp.isdir(out_dir):
+        return
+    found = [f for f in RUN_FILES if osp.exists(osp.join(out_dir, f))]
+    if not found or config.resume:
+        return
+    if not config.overwrite:
+        raise FileExistsError(f"'{out_dir}' holds a run ({', '.join(found)}): pass --resume "
+                              f"to continue it or --overwrite to replace it")
+    if dist.get_rank() == 0:
+        for name in found:
+            path = osp.join(out_dir, name)
+            shutil.rmtree(path) if osp.isdir(path) else os.remove(path)
+
+
+class NonFiniteError(FloatingPointError):
+    r"""The loss or a gradient is not finite: training stops before the
+    optimiser step, so the parameters, the metrics and the last checkpoint
+    stay those of the last good epoch."""
+
+    def __init__(self, epoch: int, loss: float) -> None:
+        super().__init__(f"epoch {epoch}: the loss ({loss}) or a gradient is not finite; "
+                         f"stopped before the optimiser step (nothing of this epoch was "
+                         f"written). Lower --lr or check the input features")
+
+
 def train_graph_root(root: str) -> str:
     r"""Where :func:`~pyg_dist.partition_graph` with ``inductive=True``
     wrote the partitions of the train nodes' subgraph."""
@@ -290,7 +355,8 @@ def train_graph_root(root: str) -> str:
 
 # Fields that may change between a run and its resumption.
 _RUN_CONTROL = ("epochs", "progress", "eval_every", "checkpoint_every", "checkpoint_dir",
-                "resume", "background_sampling", "sampler_workers", "adaptive_depth")
+                "resume", "overwrite", "background_sampling", "sampler_workers",
+                "adaptive_depth")
 
 
 def checkpointer(root: str, config: TrainConfig, out_dir: Optional[str],
@@ -366,7 +432,7 @@ def _train_epoch(epoch: int, model, data, config: TrainConfig, plans: PlanPrefet
     start = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
     if isinstance(plans, CohesiveBatchLoader):
-        loss, halo_rows = _train_batches(model, data, plans, optimizer, params, world)
+        loss, halo_rows = _train_batches(model, data, plans, optimizer, params, world, epoch)
     else:
         comm_before = stats.time["comm"]
         with stats.timer("sample"):  # plans are drawn as far ahead as the cache exchanges
@@ -376,10 +442,7 @@ def _train_epoch(epoch: int, model, data, config: TrainConfig, plans: PlanPrefet
         with ctx.use(plan, upcoming=upcoming):
             loss = _forward_backward(model, data.adj_t, data, num_train)
         ctx.cache.step()
-        if world > 1:
-            with stats.timer("reduce"):
-                _allreduce_grads(params)
-        optimizer.step()
+        _step(params, optimizer, loss, epoch, world, stats)
         halo_rows = plan.num_recv
     step_time = time.perf_counter() - start
     row = {"epoch": epoch}
@@ -421,7 +484,7 @@ def peak_memory_metrics(peak: int, device) -> Dict[str, Any]:
 
 
 def _train_batches(model, data, loader: CohesiveBatchLoader, optimizer, params,
-                   world: int) -> Tuple[Tensor, int]:
+                   world: int, epoch: int) -> Tuple[Tensor, int]:
     r"""One epoch of CM-GCN mini-batches: per batch, a forward and backward
     on its layer plans, a loss over its training nodes normalised by their
     global count, and a synchronous SGD step (gradients all-reduced).
@@ -438,10 +501,7 @@ def _train_batches(model, data, loader: CohesiveBatchLoader, optimizer, params,
         mask = mask[:out.size(0)]  # the last layer's input rows, the batch's first
         loss = node_loss(out[mask], batch.data.y[:out.size(0)][mask]) / count
         loss.backward()
-        if world > 1:
-            with stats.timer("reduce"):
-                _allreduce_grads(params)
-        optimizer.step()
+        _step(params, optimizer, loss, epoch, world, stats)
         total += loss.detach() / len(loader)
         halo_rows += batch.plans[0].num_recv
     return total, halo_rows

@@ -11,8 +11,8 @@ import pyg_dist
 from pyg_dist.distributed import max_over_ranks, sum_over_ranks
 from pyg_dist.loader.neighbor_loader import DistNeighborLoader
 from pyg_dist.metrics import CommStats, peak_memory_bytes, reset_peak_memory
-from pyg_dist.train import (MASKS, TrainConfig, _accuracies, _allreduce_grads,
-                            _broadcast_params, _correct_counts, build_model, checkpointer,
+from pyg_dist.train import (MASKS, TrainConfig, _accuracies, _broadcast_params,
+                            _correct_counts, _step, build_model, checkpointer,
                             end_of_epoch, node_loss, num_classes_of, peak_memory_metrics,
                             summarize,
                             train_graph_root, training_loop_parts)
@@ -89,11 +89,9 @@ def _epoch(epoch: int, model, evaluator, data, loader: DistNeighborLoader, optim
         graph = batch.edge_index if config.model == "gat" else batch.adj_t
         out = model(batch.x, graph)[:size]
         loss = node_loss(out, batch.y[:size])
-        (loss / max(loader.global_batch_size(step), 1)).backward()
-        if world > 1:
-            with stats.timer("reduce"):
-                _allreduce_grads(params)
-        optimizer.step()
+        scaled = loss / max(loader.global_batch_size(step), 1)
+        scaled.backward()
+        _step(params, optimizer, scaled, epoch, world, stats)
         loss_sum += loss.detach()
         seeds += size
     step_time = time.perf_counter() - start

@@ -257,3 +257,16 @@ def train_and_die(root: str, out: str, config, victim: int, epoch: int):
 
     train_module._allreduce_grads = dying_allreduce
     return train_module.train(root, config, out)
+
+
+def stop_mid_epoch(root: str, victim: int):
+    r"""Trains; the victim rank stops itself (SIGSTOP, as a hung device
+    would look) after its first forward."""
+    import signal
+    part = pyg_dist.DistData.load(root, dist.get_rank())
+    model = pyg_dist.nn.distribute(build_model("GraphSAGE", part.num_features), part)
+    for step in range(100):
+        out = model(part.x, part.adj_t)
+        if step == 1 and dist.get_rank() == victim:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        out.sum().backward()

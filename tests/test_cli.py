@@ -53,6 +53,15 @@ def test_partition_info_train(tmp_path):
     (["--loader", "neighbor", "--fanout", "5,5"], "fanout has 2 hops but the model has 3"),
     (["--loader", "neighbor", "--fanout", "5,x,5"], "fan-outs are integers"),
     (["--loader", "neighbor", "--sampler", "bns"], "halo samplers, caches"),
+    (["--lr", "inf"], "lr must be > 0 and finite"),
+    (["--lr", "nan"], "lr must be > 0 and finite"),
+    (["--weight-decay", "nan"], "weight_decay must be >= 0 and finite"),
+    (["--timeout", "0"], "--timeout must be a finite number > 0"),
+    (["--timeout", "-3"], "--timeout must be a finite number > 0"),
+    (["--heads", "0"], "heads must be >= 1"),
+    (["--nproc", "-1"], "--nproc must be a finite number > 0"),
+    (["--nproc", "0"], "--nproc must be a finite number > 0"),
+    (["--resume", "--overwrite"], "choose one"),
 ])
 def test_bad_hyper_parameters(tmp_path, args, message, capsys):
     from pyg_dist.cli import main  # in process: refused before any rank starts
@@ -60,6 +69,15 @@ def test_bad_hyper_parameters(tmp_path, args, message, capsys):
         main(["train", "--root", str(tmp_path), *args])
     assert info.value.code != 0
     assert message in capsys.readouterr().err + str(info.value.code)
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "many"])
+def test_bad_graph_size_is_refused(tmp_path, value, capsys):
+    from pyg_dist.cli import main
+    with pytest.raises(SystemExit) as info:
+        main(["partition", "--num-parts", "2", "--root", str(tmp_path), "--num-nodes", value])
+    assert info.value.code != 0
+    assert "--num-nodes must be a finite number > 0" in capsys.readouterr().err
 
 
 def test_missing_partition_dir(tmp_path):

@@ -1,5 +1,12 @@
-"""A dead or mismatched rank makes every other rank fail fast, never hang."""
+"""A dead, stopped or mismatched rank makes every other rank fail fast, never
+hang; a killed launcher leaves no rank; bad values, existing runs and
+non-finite training lose nothing."""
+import json
+import os
 import re
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -48,3 +55,113 @@ def test_wrong_rows_named(graph, tmp_path):
     conv = pyg_dist.nn.distribute(SAGEConv(part.num_features, 4), part)
     with pytest.raises(ValueError, match="owns 240 inner nodes"):
         conv(torch.randn(7, part.num_features), part.edge_index)
+
+
+def _one_part(graph, tmp_path):
+    root = str(tmp_path / "parts")
+    pyg_dist.partition_graph(graph, 1, root=root)
+    return root
+
+
+def test_existing_run_is_never_replaced_silently(graph, tmp_path):
+    from pyg_dist.train import TrainConfig, train
+    root, out = _one_part(graph, tmp_path), str(tmp_path / "run")
+    config = TrainConfig(hidden=8, epochs=3, progress=False)
+    train(root, config, out)
+    before = open(os.path.join(out, "metrics.jsonl")).read()
+    with pytest.raises(FileExistsError, match="--resume to continue it or --overwrite"):
+        train(root, config, out)
+    assert open(os.path.join(out, "metrics.jsonl")).read() == before  # untouched
+    train(root, TrainConfig(hidden=8, epochs=2, progress=False, overwrite=True), out)
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert [r["epoch"] for r in rows] == [1, 2]
+
+
+def test_non_finite_training_stops_and_keeps_the_last_good_state(graph, tmp_path):
+    r"""An lr that is finite but explodes the weights: the epoch whose loss
+    is not finite raises before its step; the checkpoint, metrics and
+    model of the good epochs stay, nothing non-finite is written."""
+    from pyg_dist.train import NonFiniteError, TrainConfig, train
+    root, out = _one_part(graph, tmp_path), str(tmp_path / "run")
+    config = TrainConfig(model="gcn", num_layers=2, hidden=8, epochs=6, lr=1e30,
+                         dropout=0.0, progress=False, checkpoint_every=1)
+    with pytest.raises(NonFiniteError, match=r"epoch (\d+): the loss") as info:
+        train(root, config, out)
+    bad = int(re.search(r"epoch (\d+)", str(info.value)).group(1))
+    assert bad > 1
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert [r["epoch"] for r in rows] == list(range(1, bad))
+    latest = json.load(open(os.path.join(out, "checkpoint", "latest.json")))
+    assert latest["epoch"] == bad - 1
+    assert not os.path.exists(os.path.join(out, "model.pt"))
+
+
+def test_threads_respect_omp_num_threads(monkeypatch):
+    from pyg_dist.distributed import available_cpus, rank_threads
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert rank_threads(2) == max(1, available_cpus() // 2)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert rank_threads(2) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "0")
+    with pytest.raises(ValueError, match="OMP_NUM_THREADS"):
+        rank_threads(2)
+
+
+def test_stopped_rank_is_killed_and_the_launcher_returns(graph, tmp_path):
+    from tests.dist_workers import stop_mid_epoch
+    pyg_dist.partition_graph(graph, 2, root=str(tmp_path))
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as info:
+        pyg_dist.spawn(stop_mid_epoch, 2, (str(tmp_path), 1), timeout=5)
+    assert "rank 1 was stopped (SIGSTOP)" in str(info.value) and "rank 0: " in str(info.value)
+    assert time.monotonic() - start < 5 + 15  # the survivor's timeout, start-up and kill
+
+
+def _children(pid: int):
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM"])
+def test_ranks_die_with_their_launcher(graph, tmp_path, signal_name):
+    r"""A scheduler or Ctrl-C kills `pyg-dist train`: its ranks follow
+    within seconds, none keeps training as an orphan."""
+    root, out = str(tmp_path / "parts"), str(tmp_path / "run")
+    pyg_dist.partition_graph(graph, 2, root=root)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "pyg_dist.cli", "train", "--root", root, "--out", out,
+         "--epochs", "100000", "--hidden", "8", "--no-progress", "--no-plots"],
+        env=dict(os.environ, PYTHONWARNINGS="ignore"), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    metrics = os.path.join(out, "metrics.jsonl")
+    deadline = time.monotonic() + 60
+    while not (os.path.exists(metrics) and os.path.getsize(metrics)):
+        assert time.monotonic() < deadline and launcher.poll() is None
+        time.sleep(0.2)
+    ranks = _children(launcher.pid)
+    assert ranks
+    launcher.send_signal(getattr(signal, signal_name))
+    launcher.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while any(_alive(r) for r in ranks) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(r) for r in ranks), "ranks outlived their launcher"
+    lines = open(metrics).read().count("\n")
+    time.sleep(1.5)
+    assert open(metrics).read().count("\n") == lines  # nobody writes any more
