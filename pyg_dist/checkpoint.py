@@ -6,6 +6,7 @@ import os
 import os.path as osp
 import random
 import shutil
+import zlib
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -13,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from pyg_dist.distributed import device
-from pyg_dist.partition.book import safe_load
+from pyg_dist.integrity import load_checked, save_checked
 
 LATEST = "latest.json"
 
@@ -29,14 +30,16 @@ class Checkpointer:
     * ``epoch_{E}/rank_{r}.pt``: everything rank :math:`r` needs to continue
       after epoch :math:`E` (model, optimiser, RNG, sampler, cache and
       loader state, the metrics so far), written to a temporary file and
-      renamed, so a file is whole or absent;
+      renamed, so a file is whole or absent, and described by
+      ``rank_{r}.pt.json`` (size and checksum, verified on load);
     * ``latest.json``: the last epoch *every* rank wrote (rank 0 writes it
       after a barrier), and what the run must match to resume from it
       (:obj:`identity`: world size, graph, hyper-parameters).
 
     Older epochs are removed once a newer one is complete, so a crash while
     writing leaves the previous checkpoint in place. Files are read with
-    ``weights_only=True``: a tampered file raises, it never executes code.
+    ``weights_only=True``: a tampered file raises, it never executes code;
+    a corrupt one (flipped bytes) is refused by its checksum.
     """
 
     def __init__(self, directory: str, every: int, identity: Dict[str, Any]) -> None:
@@ -55,8 +58,7 @@ class Checkpointer:
         folder = self._epoch_dir(epoch)
         os.makedirs(folder, exist_ok=True)
         path = osp.join(folder, f"rank_{self.rank}.pt")
-        torch.save({"epoch": epoch, **state}, path + ".tmp")
-        os.replace(path + ".tmp", path)
+        _write_json(path + ".json", save_checked({"epoch": epoch, **state}, path))
         if self.world_size > 1:
             dist.barrier()  # every rank's file is complete before latest.json names it
         if self.rank == 0:
@@ -101,7 +103,14 @@ class Checkpointer:
             raise CheckpointError(f"Checkpoint file '{path}' is missing "
                                   f"({LATEST} names epoch {meta['epoch']})")
         try:
-            state = safe_load(path)
+            with open(path + ".json") as f:
+                described = json.load(f)
+        except FileNotFoundError:  # written before checksums
+            described = None
+        except (OSError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"Checkpoint index '{path}.json' is corrupt: {e}") from e
+        try:
+            state = load_checked(path, described)
         except RuntimeError as e:
             raise CheckpointError(str(e)) from e
         if not isinstance(state, dict) or state.get("epoch") != meta["epoch"]:
@@ -136,3 +145,17 @@ def set_rng_state(state: Dict[str, Any], device: Optional[torch.device] = None) 
     np.random.set_state(("MT19937", keys_np.numpy().astype(np.uint32), pos, has_gauss, cached))
     if device is not None and device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def check_same_model(model: torch.nn.Module) -> None:
+    r"""After a resume, the ranks must hold the same parameters (each loaded
+    its own file): one all-reduce of a checksum of their bytes."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    flat = torch.cat([p.detach().reshape(-1).cpu().double() for p in model.parameters()])
+    digest = zlib.crc32(flat.numpy().tobytes())
+    both = torch.tensor([digest, -digest], dtype=torch.long, device=device())
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    if int(both[0]) != -int(both[1]):
+        raise CheckpointError("The ranks resumed different models: their checkpoint files "
+                              "come from different runs or epochs")

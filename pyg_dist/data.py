@@ -8,7 +8,8 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from pyg_dist.comm.plan import csr
-from pyg_dist.partition.book import FORMAT_VERSION, part_file, read_meta, safe_load
+from pyg_dist.integrity import CorruptFileError, load_checked
+from pyg_dist.partition.book import FORMAT_VERSION, described, part_file, read_meta
 
 # Per-partition bookkeeping kept as attributes but not node/edge features.
 _PLAN_KEYS = ("global_id", "n_id", "halo_owner", "halo_remote_id", "deg_in",
@@ -76,14 +77,22 @@ class DistData(Data):
         if not osp.exists(path):
             raise FileNotFoundError(f"Partition file '{path}' is missing "
                                     f"(meta.json lists {num_parts} parts)")
-        return cls.read(path, root, meta, rank=rank)
+        partitioning = ({"partitioning_id": meta["partitioning_id"]}
+                        if "partitioning_id" in meta else {})
+        return cls.read(path, root, meta, rank=rank, **partitioning)
 
     @classmethod
     def read(cls, path: str, root: str, meta: dict, **expected) -> "DistData":
         r"""The part file :obj:`path` of the partitioning in :obj:`root`
         (whose ``meta.json`` is :obj:`meta`), refused unless its format
         version, graph hash, part count and the :obj:`expected` keys match."""
-        item = safe_load(path)
+        try:
+            item = load_checked(path, described(meta, osp.relpath(path, root)))
+        except CorruptFileError:
+            item = _readable(path)  # a whole file of another partitioning says so below
+            if not isinstance(item, dict) or all(item.get(k) == meta.get(k) for k in (
+                    "graph_hash", "partitioning_id", "num_parts")):
+                raise
         if not isinstance(item, dict):
             raise RuntimeError(f"'{path}' is not a pyg_dist partition file")
         for key, value in (("format_version", FORMAT_VERSION),
@@ -94,6 +103,7 @@ class DistData(Data):
                     f"'{path}' does not match '{osp.join(root, 'meta.json')}': "
                     f"{key} is {item.get(key)!r}, expected {value!r} "
                     f"(files from different partitionings mixed?)")
+        _validate(item, path)
         data = cls(**item)
         data.num_nodes = data.num_inner
         data.num_global_nodes = meta["num_nodes"]
@@ -114,3 +124,43 @@ class DistData(Data):
                 f"num_inner={self.num_inner}, num_halo={self.num_halo}, "
                 f"num_edges={self.edge_index.size(1)}, "
                 f"num_features={self.num_features})")
+
+
+def _readable(path: str):
+    r"""The unchecked contents of :obj:`path`, or ``None`` if unreadable."""
+    try:
+        return load_checked(path)
+    except CorruptFileError:
+        return None
+
+
+def _validate(item: dict, path: str) -> None:
+    r"""Shapes, dtypes and index ranges of a part file's tensors, so that no
+    inconsistent file reaches a kernel (where a bad index may crash)."""
+    def bad(what: str):
+        return CorruptFileError(f"'{path}' is corrupt: {what}")
+
+    try:
+        inner, halo, parts = int(item["num_inner"]), int(item["num_halo"]), int(item["num_parts"])
+        edge_index, send_index = item["edge_index"], item["send_index"]
+    except (KeyError, TypeError, ValueError) as e:
+        raise bad(f"missing or malformed field ({e})") from e
+    for name, value in item.items():  # node features, labels and masks: inner rows
+        if (name in ("x", "y") or name.endswith("_mask")) and isinstance(value, Tensor) \
+                and value.size(0) != inner:
+            raise bad(f"'{name}' has {value.size(0)} rows, the part {inner} inner nodes")
+    if edge_index.dtype != torch.long or edge_index.dim() != 2 or edge_index.size(0) != 2:
+        raise bad("edge_index is not a [2, E] tensor of int64")
+    if edge_index.numel() and not (0 <= int(edge_index.min()) and
+                                   int(edge_index[0].max()) < inner + halo and
+                                   int(edge_index[1].max()) < inner):
+        raise bad("edge_index points outside the part's inner and halo nodes")
+    if send_index.numel() and not (0 <= int(send_index.min()) and
+                                   int(send_index.max()) < inner):
+        raise bad("send_index points outside the part's inner nodes")
+    if int(item["send_counts"].sum()) != send_index.numel() or \
+            int(item["recv_counts"].sum()) != halo or item["global_id"].numel() != inner + halo:
+        raise bad("the exchange plan's counts disagree with its rows")
+    owner = item["halo_owner"]
+    if owner.numel() and not (0 <= int(owner.min()) and int(owner.max()) < parts):
+        raise bad("halo_owner names a part that does not exist")

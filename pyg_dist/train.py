@@ -22,7 +22,7 @@ from torch_geometric.utils import to_torch_csr_tensor
 
 import pyg_dist
 from pyg_dist.cache import FeatureCache, build_cache, check_cache
-from pyg_dist.checkpoint import Checkpointer, rng_state, set_rng_state
+from pyg_dist.checkpoint import Checkpointer, check_same_model, rng_state, set_rng_state
 from pyg_dist.comm.compress import get_codec
 from pyg_dist.datasets.real import f1_counts
 from pyg_dist.distributed import gather_over_ranks, max_over_ranks, sum_over_ranks
@@ -371,8 +371,10 @@ def checkpointer(root: str, config: TrainConfig, out_dir: Optional[str],
         raise ValueError("checkpoints need a directory: give out_dir (--out) or "
                          "checkpoint_dir (--checkpoint-dir)")
     run = {k: v for k, v in asdict(config).items() if k not in _RUN_CONTROL}
+    meta = read_meta(root)
     return Checkpointer(directory, config.checkpoint_every,
-                        {"world_size": world, "graph_hash": read_meta(root)["graph_hash"],
+                        {"world_size": world, "graph_hash": meta["graph_hash"],
+                         "partitioning_id": meta.get("partitioning_id"),
                          **json.loads(json.dumps(run))})  # compared with what JSON reads
 
 
@@ -410,6 +412,7 @@ def training_loop_parts(model: torch.nn.Module, data: Data, config: TrainConfig,
         optimizer.load_state_dict(resumed["optimizer"])
         set_rng_state(resumed["rng"], next(model.parameters()).device)
         history = list(resumed["history"])
+        check_same_model(model)
     rank = dist.get_rank()
     writer = MetricsWriter(out_dir, history) if rank == 0 and out_dir else None
     epochs = range(len(history) + 1, config.epochs + 1)

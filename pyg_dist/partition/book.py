@@ -4,10 +4,12 @@ import json
 import os
 import os.path as osp
 from dataclasses import dataclass, field
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 from torch import Tensor
+
+from pyg_dist.integrity import load_checked, save_checked
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
@@ -70,11 +72,17 @@ class PartitionBook:
         return "\n".join(lines)
 
     def save(self, root: str) -> None:
+        r"""Writes ``book.pt`` and then ``meta.json`` (its presence marks a
+        complete write), which describes every file (size and checksum)."""
         os.makedirs(root, exist_ok=True)
-        torch.save({"partptr": self.partptr, "perm": self.perm},
-                   osp.join(root, BOOK_FILE))
-        with open(osp.join(root, META_FILE), "w") as f:
+        files = dict(self.meta.get("files", {}))
+        files[BOOK_FILE] = save_checked({"partptr": self.partptr, "perm": self.perm},
+                                        osp.join(root, BOOK_FILE))
+        self.meta["files"] = files
+        path = osp.join(root, META_FILE)
+        with open(path + ".tmp", "w") as f:
             json.dump(self.meta, f, indent=1)
+        os.replace(path + ".tmp", path)
 
     @classmethod
     def load(cls, root: str) -> "PartitionBook":
@@ -83,7 +91,7 @@ class PartitionBook:
         if not osp.exists(path):
             raise FileNotFoundError(f"Partition book '{path}' is missing; "
                                     f"re-run pyg_dist.partition_graph()")
-        book = safe_load(path)
+        book = load_checked(path, described(meta, BOOK_FILE))
         return cls(book["partptr"], book["perm"], meta)
 
     def __repr__(self) -> str:
@@ -108,6 +116,12 @@ def read_meta(root: str) -> Dict[str, Any]:
             f"Partition format version {meta.get('format_version')} in '{path}' "
             f"is not supported (expected {FORMAT_VERSION}); re-partition")
     return meta
+
+
+def described(meta: Dict[str, Any], name: str) -> Optional[Dict[str, int]]:
+    r"""The size and checksum ``meta.json`` records for file :obj:`name`
+    (``None`` for partitionings written before checksums)."""
+    return meta.get("files", {}).get(name)
 
 
 def safe_load(path: str) -> Any:

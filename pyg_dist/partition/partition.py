@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from pyg_dist.integrity import save_checked
 from pyg_dist.partition.book import FORMAT_VERSION, PartitionBook, owner_of, part_file
 from pyg_dist.partition.block import block_assignment
 from pyg_dist.partition.metis import OBJECTIVES, metis_assignment, random_assignment
@@ -143,8 +144,9 @@ def write_parts(data: Data, assignment: Tensor, num_parts: int, settings: Dict[s
     edge_index, num_nodes = data.edge_index, data.num_nodes
     parts, part_stats, halos, partptr, perm = build_parts(data, assignment, num_parts)
     ghash = graph_hash(data)
+    partitioning = partitioning_id(ghash, perm, partptr)
     for item in parts:
-        item["graph_hash"] = ghash
+        item["graph_hash"], item["partitioning_id"] = ghash, partitioning
     masks = {k: getattr(data, k) for k in DEFAULT_BALANCE if getattr(data, k, None) is not None}
 
     edge_cut = int((assignment[edge_index[0]] != assignment[edge_index[1]]).sum())
@@ -154,6 +156,7 @@ def write_parts(data: Data, assignment: Tensor, num_parts: int, settings: Dict[s
         num_classes = int(y.size(1)) if y.dim() > 1 else int(y.max()) + 1
     meta: Dict[str, Any] = {
         "format_version": FORMAT_VERSION, "graph_hash": ghash,
+        "partitioning_id": partitioning,
         "num_parts": num_parts, **settings,
         "num_nodes": num_nodes, "num_edges": int(edge_index.size(1)),
         "num_features": int(data.x.size(1)) if data.x is not None else 0,
@@ -168,8 +171,8 @@ def write_parts(data: Data, assignment: Tensor, num_parts: int, settings: Dict[s
     book = PartitionBook(partptr, perm, meta)
     if root is not None:
         os.makedirs(root, exist_ok=True)
-        for r, item in enumerate(parts):
-            torch.save(item, part_file(root, r))
+        book.meta["files"] = {osp.basename(part_file(root, r)): save_checked(
+            item, part_file(root, r)) for r, item in enumerate(parts)}
         book.save(root)  # meta.json last: its presence marks a complete write
     return book
 
@@ -251,6 +254,15 @@ def build_parts(data: Data, assignment: Tensor, num_parts: int):
         })
 
     return parts, part_stats, halos, partptr, perm
+
+
+def partitioning_id(ghash: str, perm: Tensor, partptr: Tensor) -> str:
+    r"""Names one partitioning of one graph: equal for equal assignments,
+    different for any other (its part files must not be mixed)."""
+    digest = hashlib.sha256(ghash.encode())
+    for t in (perm, partptr):
+        digest.update(t.to(torch.long).numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _versions() -> Dict[str, str]:
