@@ -4,6 +4,7 @@ import functools
 import json
 import math
 import os
+import os.path as osp
 import sys
 from typing import List, Optional
 
@@ -238,10 +239,26 @@ def _add_dataset_args(p: argparse.ArgumentParser) -> None:
                    help="size of the generated default graph")
 
 
+def _check_writable_dir(command: str, flag: str, path: str) -> None:
+    r"""Refuses, in one line, a directory argument that is a file or that
+    cannot be created or written (before any work)."""
+    if osp.exists(path) and not osp.isdir(path):
+        raise SystemExit(f"pyg-dist {command}: error: {flag} '{path}' is a file, not a "
+                         f"directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"pyg-dist {command}: error: cannot create {flag} '{path}': "
+                         f"{e.strerror}")
+    if not os.access(path, os.W_OK):
+        raise SystemExit(f"pyg-dist {command}: error: {flag} '{path}' is not writable")
+
+
 def cmd_partition(args: argparse.Namespace) -> None:
     from pyg_dist.partition import partition_graph
     if args.balance_batches and not args.num_batches:
         raise SystemExit("pyg-dist partition: error: --balance-batches needs --num-batches")
+    _check_writable_dir("partition", "--root", args.root)
     data = _load_dataset(args)
     book = partition_graph(data, args.num_parts, method=args.method,
                            block_hops=args.block_hops,

@@ -412,6 +412,9 @@ def training_loop_parts(model: torch.nn.Module, data: Data, config: TrainConfig,
         optimizer.load_state_dict(resumed["optimizer"])
         set_rng_state(resumed["rng"], next(model.parameters()).device)
         history = list(resumed["history"])
+        if config.epochs < len(history):
+            raise ValueError(f"The checkpoint is at epoch {len(history)}: --epochs "
+                             f"{config.epochs} would train nothing (give more epochs)")
         check_same_model(model)
     rank = dist.get_rank()
     writer = MetricsWriter(out_dir, history) if rank == 0 and out_dir else None

@@ -81,3 +81,26 @@ def test_a_corrupt_checkpoint_is_refused_and_the_run_kept(graph, tmp_path):
         train(root, dataclasses.replace(config, epochs=3, resume=True), out)
     assert osp.exists(path)  # the checkpoint was not replaced...
     assert open(osp.join(out, "model.pt"), "rb").read() == model_before  # ...nor the model
+
+
+def test_resume_with_fewer_epochs_than_the_checkpoint_is_refused(graph, tmp_path):
+    root, out = str(tmp_path / "parts"), str(tmp_path / "run")
+    pyg_dist.partition_graph(graph, 1, root=root)
+    config = TrainConfig(hidden=8, epochs=3, progress=False, checkpoint_every=1)
+    train(root, config, out)
+    with pytest.raises(ValueError, match="checkpoint is at epoch 3: --epochs 2"):
+        train(root, dataclasses.replace(config, epochs=2, resume=True), out)
+
+
+@pytest.mark.parametrize("kind", ["file", "unwritable"])
+def test_partition_root_that_cannot_be_written(tmp_path, kind, capsys):
+    from pyg_dist.cli import main
+    root = tmp_path / "root"
+    if kind == "file":
+        root.write_text("not a directory")
+    else:
+        root = tmp_path / "sub" / "root"
+        (tmp_path / "sub").write_text("a file where a directory must go")
+    with pytest.raises(SystemExit) as info:
+        main(["partition", "--num-parts", "2", "--root", str(root), "--num-nodes", "100"])
+    assert str(root) in str(info.value) and "pyg-dist partition: error" in str(info.value)
