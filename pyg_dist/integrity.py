@@ -3,16 +3,23 @@ or another run's file is refused with one line naming it, before any byte
 reaches a kernel.
 
 A file is written whole or not at all (temporary file, then rename) and
-described by ``{"bytes": size, "crc32": checksum}``, which the writer keeps
+described by ``{"bytes": size, "sum64": checksum}``, which the writer keeps
 in its index (a partitioning's ``meta.json``, a checkpoint's sidecar). The
 reader checks the description against the bytes it read, then unpickles
 them with ``weights_only=True`` (no code ever runs).
+
+The checksum is :func:`sum64`, chosen for speed: ~20 GB/s with NumPy, where
+zlib's CRC32 runs at ~3 GB/s and added 30% to loading a 150 MiB part file
+(``benchmarks/integrity.py``). It catches truncation (the size), any change
+confined to one 64-bit word, reordered 4 KiB blocks, and random damage
+except with probability 2⁻⁶⁴; it is not a cryptographic hash (tampering is
+the business of ``weights_only``).
 """
 import io
 import os
-import zlib
 from typing import Any, Dict, Optional
 
+import numpy as np
 import torch
 
 Description = Dict[str, int]
@@ -20,6 +27,22 @@ Description = Dict[str, int]
 
 class CorruptFileError(RuntimeError):
     r"""A file whose bytes are not those its index describes."""
+
+
+def sum64(payload) -> int:
+    r""":math:`\sum_b (2b + 1) \sum_{i \in b} w_i \bmod 2^{64}` over the
+    file's little-endian 64-bit words :math:`w_i` in 4 KiB blocks :math:`b`
+    (the odd weights make every single-word change visible and tie blocks
+    to their positions), plus the trailing bytes."""
+    n = len(payload) // 8
+    words = np.frombuffer(payload, dtype="<u8", count=n)
+    full = n // 512 * 512
+    with np.errstate(over="ignore"):
+        blocks = words[:full].reshape(-1, 512).sum(axis=1, dtype=np.uint64)
+        weights = 2 * np.arange(blocks.size + 1, dtype=np.uint64) + 1
+        total = np.dot(blocks, weights[:-1]) + words[full:].sum(dtype=np.uint64) * weights[-1]
+    tail = int.from_bytes(bytes(payload[n * 8:]), "little")
+    return (int(total) + tail) % 2**64
 
 
 def save_checked(obj: Any, path: str) -> Description:
@@ -30,7 +53,7 @@ def save_checked(obj: Any, path: str) -> Description:
     with open(path + ".tmp", "wb") as f:
         f.write(payload)
     os.replace(path + ".tmp", path)
-    return {"bytes": len(payload), "crc32": zlib.crc32(payload)}
+    return {"bytes": len(payload), "sum64": sum64(payload)}
 
 
 def load_checked(path: str, expected: Optional[Description] = None) -> Any:
@@ -46,7 +69,7 @@ def load_checked(path: str, expected: Optional[Description] = None) -> Any:
         if len(payload) != expected["bytes"]:
             raise CorruptFileError(f"'{path}' is corrupt, truncated or of another run: "
                                    f"{len(payload)} bytes, its index says {expected['bytes']}")
-        if zlib.crc32(payload) != expected["crc32"]:
+        if sum64(payload) != expected["sum64"]:
             raise CorruptFileError(f"'{path}' is corrupt or of another run: its checksum "
                                    f"differs from the one its index records")
     try:
