@@ -205,7 +205,8 @@ def _in_group(fn, fn_args: tuple, timeout: float):
     r"""Runs in this process' group and tears it down before the
     interpreter exits (gloo's threads otherwise may abort the process)."""
     import torch.distributed as dist
-    from pyg_dist.distributed import init, name_lost_ranks, stop_heartbeat
+    from pyg_dist.distributed import init, name_lost_ranks, stop_heartbeat, stop_on_sigterm
+    stop_on_sigterm(leave_ctrl_c_to_launcher="LOCAL_WORLD_SIZE" in os.environ)  # torchrun
     init(timeout=timeout)
     try:
         return fn(*fn_args)

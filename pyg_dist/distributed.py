@@ -183,6 +183,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_stop = threading.Event()  # set by SIGTERM in a rank: stop after this epoch
+
+
+def stop_requested() -> bool:
+    r"""Whether this rank was asked to stop (SIGTERM: a scheduler's
+    preemption, the launcher's Ctrl-C); training loops end the current
+    epoch, checkpoint and stop."""
+    return _stop.is_set()
+
+
+def stop_on_sigterm(leave_ctrl_c_to_launcher: bool = True) -> None:
+    r"""Makes SIGTERM request a stop (:func:`stop_requested`) instead of
+    killing this rank and, for a rank with a launcher (which forwards a
+    SIGTERM), ignores Ctrl-C; only in the main thread."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: _stop.set())
+        if leave_ctrl_c_to_launcher:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def die_with_parent(parent_pid: int) -> None:
     r"""Linux: this process is killed when :obj:`parent_pid` (its launcher)
     exits, however it exits (SIGKILL included), so no rank outlives it."""
@@ -198,6 +218,7 @@ def _worker(rank: int, world_size: int, port: int, backend: str, timeout: float,
             threads: Optional[int], fn: Callable, args: Sequence, results,
             parent_pid: int) -> None:
     die_with_parent(parent_pid)
+    stop_on_sigterm()
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if threads:
@@ -218,6 +239,35 @@ def _worker(rank: int, world_size: int, port: int, backend: str, timeout: float,
 
 # Seconds a rank may stay stopped (SIGSTOP) before the launcher kills it.
 STOPPED_GRACE = 5.0
+# Seconds beyond the timeout ranks get to finish an epoch and checkpoint
+# after the launcher forwarded a SIGTERM.
+STOP_GRACE = 60.0
+
+
+class _ForwardedStop:
+    r"""While installed (main thread only), SIGTERM and SIGINT to the
+    launcher are forwarded to its ranks as SIGTERM (which ask them to
+    checkpoint and stop) and remembered."""
+
+    def __init__(self, procs) -> None:
+        self.procs, self.since, self.signum, self.previous = procs, None, None, {}
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self.previous[signum] = signal.signal(signum, self._forward)
+
+    def _forward(self, signum, frame) -> None:
+        if self.since is not None:  # a second signal: stop waiting
+            raise KeyboardInterrupt
+        self.since, self.signum = time.monotonic(), signum
+        for p in self.procs:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGTERM)
+
+    def restore(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
 
 
 def _stopped(pid: Optional[int]) -> bool:
@@ -255,6 +305,7 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
     for p in procs:
         p.start()
     outcome: dict = {}
+    stopping = _ForwardedStop(procs)
     deadline = None if join_timeout is None else time.monotonic() + join_timeout
     failed_at = None
     stopped: dict = {}  # rank -> since when it is seen stopped
@@ -265,6 +316,8 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
                 break
             if failed_at is not None and now - failed_at > timeout + 10:
                 break
+            if stopping.since is not None and now - stopping.since > timeout + STOP_GRACE:
+                break  # the ranks had their chance to checkpoint and stop
             try:
                 rank, ok, payload = results.get(timeout=0.2)
                 outcome[rank] = (ok, payload)
@@ -283,6 +336,7 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
             if failed_at is None and any(not ok for ok, _ in outcome.values()):
                 failed_at = time.monotonic()
     finally:
+        stopping.restore()
         for p in procs:
             if p.is_alive() and _stopped(p.pid):  # it cannot act on SIGTERM
                 p.kill()
@@ -293,6 +347,8 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
             if p.is_alive():  # stopped (SIGSTOP) or ignoring SIGTERM
                 p.kill()
                 p.join()
+    if stopping.since is not None and stopping.signum == signal.SIGINT:
+        raise KeyboardInterrupt
     missing = [r for r in range(nprocs) if r not in outcome]
     errors = {r: msg for r, (ok, msg) in outcome.items() if not ok}
     if errors or missing:

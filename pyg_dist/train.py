@@ -25,7 +25,8 @@ from pyg_dist.cache import FeatureCache, build_cache, check_cache
 from pyg_dist.checkpoint import Checkpointer, check_same_model, rng_state, set_rng_state
 from pyg_dist.comm.compress import get_codec
 from pyg_dist.datasets.real import f1_counts
-from pyg_dist.distributed import gather_over_ranks, max_over_ranks, sum_over_ranks
+from pyg_dist.distributed import (gather_over_ranks, max_over_ranks, stop_requested,
+                                  sum_over_ranks)
 from pyg_dist.loader import CohesiveBatchLoader, DistNeighborSampler, load_batches
 from pyg_dist.loader.balance import has_batch_parts
 from pyg_dist.metrics import peak_memory_bytes, reset_peak_memory
@@ -287,11 +288,11 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
         model, data, config, out_dir, f"train {config.model} x{world}", stateful, resumed)
     try:
         for epoch in epochs:
-            row = _train_epoch(epoch, model, data, config, plans, optimizer, params,
-                               num_train, world, device, evaluator, eval_data)
+            row, stop = _train_epoch(epoch, model, data, config, plans, optimizer, params,
+                                     num_train, world, device, evaluator, eval_data)
             history.append(row)
             end_of_epoch(epoch, row, history, config, writer, epochs, checkpoints,
-                         stateful, optimizer, device)
+                         stateful, optimizer, device, stop)
     except BaseException:
         for cleanup in (ctx.finish, plans.close):  # nothing left in flight...
             try:
@@ -380,17 +381,28 @@ def checkpointer(root: str, config: TrainConfig, out_dir: Optional[str],
 
 def end_of_epoch(epoch: int, row: Dict[str, Any], history: List[Dict[str, Any]],
                  config: TrainConfig, writer, epochs, checkpoints: Optional[Checkpointer],
-                 stateful: Dict[str, Any], optimizer, device) -> None:
+                 stateful: Dict[str, Any], optimizer, device, stop: bool = False) -> None:
     r"""Logs an epoch's metrics (file and progress bar) and checkpoints
-    the run when one is due."""
+    the run when one is due; when a rank was asked to stop (SIGTERM),
+    checkpoints now (with checkpoints on) and raises :class:`TrainingStopped`."""
     if writer:
         writer.epoch(row)
     if hasattr(epochs, "set_postfix"):
         epochs.set_postfix(loss=f"{row['loss']:.3f}", val=row["val_acc"])
-    if checkpoints is not None and checkpoints.due(epoch, config.epochs):
+    if checkpoints is not None and (checkpoints.due(epoch, config.epochs)
+                                    or (stop and checkpoints.every > 0)):
         state = {name: obj.state_dict() for name, obj in stateful.items()}
         checkpoints.save(epoch, {**state, "optimizer": optimizer.state_dict(),
                                  "rng": rng_state(device), "history": history})
+    if stop and epoch < config.epochs:
+        saved = checkpoints is not None and checkpoints.every > 0
+        raise TrainingStopped(f"stopped by SIGTERM after epoch {epoch}" + (
+            "; checkpoint written: continue with --resume" if saved else
+            " (no checkpoint: train with --checkpoint-every N to resume)"))
+
+
+class TrainingStopped(RuntimeError):
+    r"""A rank was asked to stop (SIGTERM); the run ended after a whole epoch."""
 
 
 def training_loop_parts(model: torch.nn.Module, data: Data, config: TrainConfig,
@@ -458,7 +470,8 @@ def _train_epoch(epoch: int, model, data, config: TrainConfig, plans: PlanPrefet
                          stats.counts["cache_lookups"], stats.counts["bytes_saved"]],
                         dtype=torch.double, device=device)
     maxes = torch.tensor([step_time, stats.time["comm"], stats.time["reduce"],
-                          stats.time["sample"]], dtype=torch.double, device=device)
+                          stats.time["sample"], float(stop_requested())],
+                         dtype=torch.double, device=device)
     if epoch % config.eval_every == 0 or epoch == config.epochs:
         if evaluator is not model:
             evaluator.load_state_dict(model.state_dict())
@@ -477,7 +490,7 @@ def _train_epoch(epoch: int, model, data, config: TrainConfig, plans: PlanPrefet
                **peak_memory_metrics(peak, device),
                cache_hit_rate=float(sums[5] / sums[6]) if sums[6] > 0 else None,
                bytes_saved=int(sums[7]), world_size=world)
-    return row
+    return row, bool(maxes[4])  # any rank asked to stop (the same answer on all)
 
 
 def peak_memory_metrics(peak: int, device) -> Dict[str, Any]:

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 import pyg_dist
-from pyg_dist.distributed import max_over_ranks, sum_over_ranks
+from pyg_dist.distributed import max_over_ranks, stop_requested, sum_over_ranks
 from pyg_dist.loader.neighbor_loader import DistNeighborLoader
 from pyg_dist.metrics import CommStats, peak_memory_bytes, reset_peak_memory
 from pyg_dist.train import (MASKS, TrainConfig, _accuracies, _broadcast_params,
@@ -54,11 +54,11 @@ def train_neighbor(root: str, config: TrainConfig,
         stateful, resumed)
     try:
         for epoch in epochs:
-            row = _epoch(epoch, model, evaluator, eval_data, loader, optimizer, params,
-                         config, num_train, world, device)
+            row, stop = _epoch(epoch, model, evaluator, eval_data, loader, optimizer,
+                               params, config, num_train, world, device)
             history.append(row)
             end_of_epoch(epoch, row, history, config, writer, epochs, checkpoints,
-                         stateful, optimizer, device)
+                         stateful, optimizer, device, stop)
     finally:
         loader.close()
         evaluator.dist_context.finish()
@@ -103,8 +103,8 @@ def _epoch(epoch: int, model, evaluator, data, loader: DistNeighborLoader, optim
                          report["cache_lookups"], report["queue_len"],
                          report["in_flight"], seeds, loader.local_seed_fraction,
                          data.num_halo], dtype=torch.double, device=device)
-    maxes = torch.tensor([step_time, stats.time["reduce"], report["idle"]],
-                         dtype=torch.double, device=device)
+    maxes = torch.tensor([step_time, stats.time["reduce"], report["idle"],
+                          float(stop_requested())], dtype=torch.double, device=device)
     if epoch % config.eval_every == 0 or epoch == config.epochs:
         evaluator.load_state_dict(model.state_dict())
         evaluator.eval()
@@ -113,7 +113,7 @@ def _epoch(epoch: int, model, evaluator, data, loader: DistNeighborLoader, optim
     sums, maxes = sum_over_ranks(sums), max_over_ranks(maxes)
     (loss, sent, recv, feature_bytes, hits, lookups, queue, depth, seeds, local,
      halo_total) = sums[:11].tolist()
-    step_time, reduce_time, idle = maxes.tolist()
+    step_time, reduce_time, idle, stop = maxes.tolist()
     row = {"epoch": epoch, "loss": loss / num_train}
     row.update(_accuracies(sums[11:]) if sums.numel() > 11 else
                dict.fromkeys(f"{m}_acc" for m in MASKS))
@@ -128,4 +128,4 @@ def _epoch(epoch: int, model, evaluator, data, loader: DistNeighborLoader, optim
                trainer_idle_frac=idle / step_time, queue_len=queue / world,
                in_flight=depth / world, feature_bytes=int(feature_bytes),
                local_seed_fraction=local / world)
-    return row
+    return row, bool(stop)  # any rank asked to stop (the same answer on all)
