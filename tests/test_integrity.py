@@ -69,14 +69,15 @@ def test_inconsistent_tensors_never_reach_a_kernel(parts):
         pyg_dist.DistData.load(parts, 1, world_size=2)
 
 
-def test_a_corrupt_checkpoint_is_refused_and_the_run_kept(graph, tmp_path):
+@pytest.mark.parametrize("where", [0.05, 0.5, 0.95])
+def test_a_corrupt_checkpoint_is_refused_and_the_run_kept(graph, tmp_path, where):
     root, out = str(tmp_path / "parts"), str(tmp_path / "run")
     pyg_dist.partition_graph(graph, 1, root=root)
     config = TrainConfig(hidden=8, epochs=2, progress=False, checkpoint_every=1)
     train(root, config, out)
     model_before = open(osp.join(out, "model.pt"), "rb").read()
     path = osp.join(out, "checkpoint", "epoch_2", "rank_0.pt")
-    _flip(path, os.path.getsize(path) // 2, 4)
+    _flip(path, int(os.path.getsize(path) * where), 4)
     with pytest.raises(CheckpointError, match="rank_0.pt' is corrupt"):
         train(root, dataclasses.replace(config, epochs=3, resume=True), out)
     assert osp.exists(path)  # the checkpoint was not replaced...
@@ -104,3 +105,14 @@ def test_partition_root_that_cannot_be_written(tmp_path, kind, capsys):
     with pytest.raises(SystemExit) as info:
         main(["partition", "--num-parts", "2", "--root", str(root), "--num-nodes", "100"])
     assert str(root) in str(info.value) and "pyg-dist partition: error" in str(info.value)
+
+
+def test_a_checkpoint_of_another_partitioning_is_refused(graph, tmp_path):
+    a, b, out = str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "run")
+    pyg_dist.partition_graph(graph, 2, root=a)
+    pyg_dist.partition_graph(graph, 2, root=b, method="random")  # same graph, other parts
+    config = TrainConfig(hidden=8, epochs=2, progress=False, checkpoint_every=1)
+    pyg_dist.spawn(train, 2, (a, config, out), timeout=60)
+    with pytest.raises(RuntimeError, match="partitioning_id"):
+        pyg_dist.spawn(train, 2, (b, dataclasses.replace(config, epochs=3, resume=True), out),
+                       timeout=60)
