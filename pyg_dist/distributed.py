@@ -269,7 +269,6 @@ class _ForwardedStop:
             signal.signal(signum, handler)
 
 
-
 def _stopped(pid: Optional[int]) -> bool:
     r"""Whether process :obj:`pid` is stopped (Linux ``/proc``; else never)."""
     try:
@@ -290,8 +289,10 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
     fails or dies, the others get :obj:`timeout` seconds to fail on their
     own collectives before being terminated, and a :class:`RuntimeError`
     reports every rank's fate; a rank stopped (SIGSTOP) for more than
-    ``min(timeout, 5)`` seconds counts as failed and is killed. On Linux the
-    ranks die with this process, however it ends (SIGKILL included).
+    ``min(timeout, 5)`` seconds counts as failed and is killed. SIGTERM and
+    Ctrl-C reach the ranks as SIGTERM (training ends its epoch, checkpoints
+    and stops; a second signal stops waiting). On Linux the ranks die with
+    this process, however it ends (SIGKILL included).
     :obj:`join_timeout` bounds the whole run.
     :obj:`threads` sets each rank's intra-op threads (default: :func:`rank_threads`).
     """
