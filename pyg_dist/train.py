@@ -168,7 +168,7 @@ def _step(params: List[Tensor], optimizer, loss: Tensor, epoch: int, world: int,
     with stats.timer("reduce") if world > 1 else nullcontext():
         total = _allreduce_grads(params, loss=loss)
     if not math.isfinite(total):
-        raise NonFiniteError(epoch, float(loss) if world == 1 else total)
+        raise NonFiniteError(epoch, float(loss.detach()) if world == 1 else total)
     optimizer.step()
 
 
