@@ -59,7 +59,8 @@ REFUSED: Dict[str, str] = {
     "HeteroLayerNorm": "heterogeneous norms are not supported",
 }
 
-#: Other PyG modules that compute row by row (or only hold children).
+#: Other PyG modules that compute per node, per target node (aggregations over
+#: an inner node's in-edges, all local) or only hold children.
 ROW_WISE_PYG = {
     "Linear", "MLP", "JumpingKnowledge", "Sequential", "Reshape", "DiffGroupNorm",
     "TrimToLayer", "FusedAggregation", "MessageNorm",
@@ -125,7 +126,7 @@ def markdown_table() -> str:
              for c in NORMS]
     rows = [("exact: each propagate call fetches its halo rows", names(EXACT_CONVS)),
             ("exact: statistics over the nodes of all ranks (one all-reduce)", names(norms)),
-            ("exact: row-wise or containers", names(ROW_WISE_PYG - {
+            ("exact: per node, per target (aggregations) or containers", names(ROW_WISE_PYG - {
                 "LayerNorm", "BatchNorm", "InstanceNorm", "GraphNorm", "GraphSizeNorm",
                 "PairNorm", "MeanSubtractionNorm"}))]
     by_reason: Dict[str, list] = {}
