@@ -114,7 +114,8 @@ def test_stopped_rank_is_killed_and_the_launcher_returns(graph, tmp_path):
     with pytest.raises(RuntimeError) as info:
         pyg_dist.spawn(stop_mid_epoch, 2, (str(tmp_path), 1), timeout=5)
     assert "rank 1 was stopped (SIGSTOP)" in str(info.value) and "rank 0: " in str(info.value)
-    assert time.monotonic() - start < 5 + 15  # the survivor's timeout, start-up and kill
+    # the survivor's timeout, start-up, the stop grace and the kill: no hang
+    assert time.monotonic() - start < 5 + 25
 
 
 def _children(pid: int):
