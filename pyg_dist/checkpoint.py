@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from pyg_dist.distributed import device
-from pyg_dist.integrity import load_checked, save_checked
+from pyg_dist.integrity import load_checked, save_checked, save_json
 
 LATEST = "latest.json"
 
@@ -58,12 +58,11 @@ class Checkpointer:
         folder = self._epoch_dir(epoch)
         os.makedirs(folder, exist_ok=True)
         path = osp.join(folder, f"rank_{self.rank}.pt")
-        _write_json(path + ".json", save_checked({"epoch": epoch, **state}, path))
+        save_json(save_checked({"epoch": epoch, **state}, path), path + ".json")
         if self.world_size > 1:
             dist.barrier()  # every rank's file is complete before latest.json names it
         if self.rank == 0:
-            _write_json(osp.join(self.directory, LATEST),
-                        {"epoch": epoch, **self.identity})
+            save_json({"epoch": epoch, **self.identity}, osp.join(self.directory, LATEST))
             for name in os.listdir(self.directory):
                 if name.startswith("epoch_") and name != osp.basename(folder):
                     shutil.rmtree(osp.join(self.directory, name), ignore_errors=True)
@@ -116,12 +115,6 @@ class Checkpointer:
         if not isinstance(state, dict) or state.get("epoch") != meta["epoch"]:
             raise CheckpointError(f"'{path}' is not the checkpoint of epoch {meta['epoch']}")
         return state
-
-
-def _write_json(path: str, obj: Any) -> None:
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(path + ".tmp", path)
 
 
 def rng_state(device: Optional[torch.device] = None) -> Dict[str, Any]:

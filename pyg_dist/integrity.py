@@ -16,6 +16,7 @@ except with probability 2⁻⁶⁴; it is not a cryptographic hash (tampering is
 the business of ``weights_only``).
 """
 import io
+import json
 import os
 from typing import Any, Dict, Optional
 
@@ -54,6 +55,14 @@ def save_checked(obj: Any, path: str) -> Description:
         f.write(payload)
     os.replace(path + ".tmp", path)
     return {"bytes": len(payload), "sum64": sum64(payload)}
+
+
+def save_json(obj: Any, path: str) -> None:
+    r"""Writes :obj:`obj` as JSON to :obj:`path` atomically (an index that
+    names files must never be half written)."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def load_checked(path: str, expected: Optional[Description] = None) -> Any:

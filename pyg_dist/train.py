@@ -145,11 +145,11 @@ def build_model(config: TrainConfig, in_channels: int, out_channels: int) -> tor
 
 
 def _allreduce_grads(params: List[Tensor], group=None,
-                     loss: Optional[Tensor] = None) -> float:
+                     loss: Optional[Tensor] = None) -> Tuple[float, bool]:
     r"""One bucketed all-reduce of all weight gradients (sum: the loss is
     already normalised by the global train count) and, in the same buffer,
-    of :obj:`loss`. Returns the summed loss, ``nan`` when it or any summed
-    gradient is not finite: the same answer on every rank."""
+    of :obj:`loss`. Returns the summed loss and whether it and every summed
+    gradient are finite: the same answer on every rank."""
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     extra = [loss.detach().reshape(1).to(grads[0].dtype)] if loss is not None else []
     flat = _flatten_dense_tensors(grads + extra)
@@ -157,8 +157,7 @@ def _allreduce_grads(params: List[Tensor], group=None,
         dist.all_reduce(flat, group=group)
     for p, g in zip(params, _unflatten_dense_tensors(flat, grads + extra)):
         p.grad = g
-    total = float(flat[-1]) if extra else 0.0
-    return total if bool(torch.isfinite(flat).all()) else float("nan")
+    return (float(flat[-1]) if extra else 0.0), bool(torch.isfinite(flat).all())
 
 
 def _step(params: List[Tensor], optimizer, loss: Tensor, epoch: int, world: int,
@@ -166,9 +165,9 @@ def _step(params: List[Tensor], optimizer, loss: Tensor, epoch: int, world: int,
     r"""Sums the gradients over the ranks and steps, unless the loss or a
     gradient is not finite (:class:`NonFiniteError`, on every rank)."""
     with stats.timer("reduce") if world > 1 else nullcontext():
-        total = _allreduce_grads(params, loss=loss)
-    if not math.isfinite(total):
-        raise NonFiniteError(epoch, float(loss.detach()) if world == 1 else total)
+        total, finite = _allreduce_grads(params, loss=loss)
+    if not finite:
+        raise NonFiniteError(epoch, total)
     optimizer.step()
 
 

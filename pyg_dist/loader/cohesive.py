@@ -15,7 +15,7 @@ from pyg_dist.loader.batch_plan import BatchGraph, batch_subgraph, sample_layers
 from pyg_dist.loader.cost import CostModel, HopGraph
 from pyg_dist.metrics import CommStats
 from pyg_dist.distributed import sum_over_ranks
-from pyg_dist.partition.book import safe_load
+from pyg_dist.integrity import load_checked
 from pyg_dist.sampler import BoundarySampler
 
 BATCHES_FILE = "batches.pt"
@@ -35,7 +35,7 @@ def load_batches(root: str) -> Tensor:
     if not osp.exists(path):
         raise FileNotFoundError(f"'{path}' is missing: compute the batches with "
                                 f"pyg_dist.loader.cohesive_batches and save_batches")
-    item = safe_load(path)
+    item = load_checked(path)
     if not isinstance(item, dict) or not isinstance(item.get("batch_of"), Tensor):
         raise RuntimeError(f"'{path}' is not a pyg_dist batch file")
     return item["batch_of"]

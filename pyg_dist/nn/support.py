@@ -17,6 +17,8 @@ from typing import Dict, Optional
 
 import torch
 
+from pyg_dist.nn.norm import NORMS
+
 #: PyG convolutions that are exact under distribute() (each propagate call
 #: fetches the halo rows of its source-side inputs).
 EXACT_CONVS = {
@@ -68,8 +70,7 @@ ROW_WISE_PYG = {
     "SumAggregation", "MeanAggregation", "MaxAggregation", "MinAggregation",
     "MulAggregation", "VarAggregation", "StdAggregation", "SoftmaxAggregation",
     "PowerMeanAggregation", "MedianAggregation", "QuantileAggregation",
-    "VariancePreservingAggregation", "DegreeScalerAggregation", "LayerNorm", "BatchNorm", "InstanceNorm", "GraphNorm",
-    "GraphSizeNorm", "PairNorm", "MeanSubtractionNorm",
+    "VariancePreservingAggregation", "DegreeScalerAggregation",
 }
 
 #: torch.nn modules that compute row by row on node features [N, C].
@@ -78,7 +79,7 @@ ROW_WISE_TORCH = (
     torch.nn.AlphaDropout, torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict,
     torch.nn.LayerNorm, torch.nn.RMSNorm, torch.nn.GroupNorm, torch.nn.Embedding,
     torch.nn.Flatten, torch.nn.Unflatten, torch.nn.GRUCell, torch.nn.LSTMCell,
-    torch.nn.LSTM, torch.nn.GRU, torch.nn.BatchNorm1d,
+    torch.nn.LSTM, torch.nn.GRU,
 )
 
 
@@ -87,6 +88,8 @@ def refusal(module: torch.nn.Module) -> Optional[str]:
     it can, possibly after conversion)."""
     cls = type(module)
     name, origin = cls.__name__, cls.__module__
+    if cls in NORMS:  # converted to whole-graph statistics
+        return None
     if origin.startswith("torch_geometric."):
         if name in REFUSED:
             return REFUSED[name]
@@ -117,8 +120,6 @@ def check_model(model: torch.nn.Module) -> None:
 def markdown_table() -> str:
     r"""The README's table of supported layers, from the classification
     above."""
-    from pyg_dist.nn.norm import NORMS
-
     def names(items) -> str:
         return ", ".join(f"`{n}`" for n in sorted(items))
 
@@ -126,9 +127,8 @@ def markdown_table() -> str:
              for c in NORMS]
     rows = [("exact: each propagate call fetches its halo rows", names(EXACT_CONVS)),
             ("exact: statistics over the nodes of all ranks (one all-reduce)", names(norms)),
-            ("exact: per node, per target (aggregations) or containers", names(ROW_WISE_PYG - {
-                "LayerNorm", "BatchNorm", "InstanceNorm", "GraphNorm", "GraphSizeNorm",
-                "PairNorm", "MeanSubtractionNorm"}))]
+            ("exact: per node, per target (aggregations) or containers",
+             names(ROW_WISE_PYG))]
     by_reason: Dict[str, list] = {}
     for name, why in REFUSED.items():
         by_reason.setdefault(why, []).append(name)

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch import Tensor
 
-from pyg_dist.integrity import load_checked, save_checked
+from pyg_dist.integrity import load_checked, save_checked, save_json
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
@@ -79,10 +79,7 @@ class PartitionBook:
         files[BOOK_FILE] = save_checked({"partptr": self.partptr, "perm": self.perm},
                                         osp.join(root, BOOK_FILE))
         self.meta["files"] = files
-        path = osp.join(root, META_FILE)
-        with open(path + ".tmp", "w") as f:
-            json.dump(self.meta, f, indent=1)
-        os.replace(path + ".tmp", path)
+        save_json(self.meta, osp.join(root, META_FILE))
 
     @classmethod
     def load(cls, root: str) -> "PartitionBook":
@@ -123,12 +120,3 @@ def described(meta: Dict[str, Any], name: str) -> Optional[Dict[str, int]]:
     (``None`` for partitionings written before checksums)."""
     return meta.get("files", {}).get(name)
 
-
-def safe_load(path: str) -> Any:
-    r"""``torch.load`` restricted to tensors and plain containers, turning a
-    truncated or tampered file into a clear error instead of executing it."""
-    try:
-        return torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as e:  # torch raises several types for bad archives
-        raise RuntimeError(f"Cannot read '{path}': the file is corrupt, "
-                           f"truncated or not a pyg_dist file ({e})") from e
