@@ -50,8 +50,8 @@ import pyg_dist  # noqa: E402
 from pyg_dist.datasets import load_default  # noqa: E402
 from pyg_dist.loader import (CostModel, HopGraph, cohesive_batches,  # noqa: E402
                              random_batches, save_batches)
-from pyg_dist.loader.balance import save_batch_parts, split_batch  # noqa: E402
-from pyg_dist.loader.cost import imbalance, rank_costs  # noqa: E402
+from pyg_dist.loader.cohesive.balance import save_batch_parts, split_batch  # noqa: E402
+from pyg_dist.loader.cohesive.cost import imbalance, rank_costs  # noqa: E402
 from pyg_dist.partition import PartitionBook  # noqa: E402
 
 RESULTS = osp.join(RESULTS_DIR, "cohesive.json")

@@ -17,7 +17,7 @@ nodes the training nodes' full 1- and 2-hop neighbourhoods reach.
 
 In a Python that has torch-sparse (``--pyg-python``, ``make bench-env``), PyG's
 ``NeighborLoader`` trains the same model, fan-outs and batch size single
-process. PyG's own ``torch_geometric.distributed.DistNeighborLoader`` is not
+process. PyG's own ``torch_geometric.distributed.PartitionNeighborLoader`` is not
 compared: it is deprecated, and in PyG 2.8.1 its sampler fails to construct;
 the benchmark records the error it raises.
 
@@ -85,12 +85,12 @@ def summarize(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 def pyg_dist_neighbor_loader_error() -> None:
     r"""Tries to build PyG's distributed neighbour sampler; prints the error."""
-    from torch_geometric.distributed import (DistContext, DistNeighborSampler,
+    from torch_geometric.distributed import (HaloContext, PartitionNeighborSampler,
                                              LocalFeatureStore, LocalGraphStore)
-    ctx = DistContext(rank=0, global_rank=0, world_size=1, global_world_size=1,
+    ctx = HaloContext(rank=0, global_rank=0, world_size=1, global_world_size=1,
                       group_name="probe")
     try:
-        DistNeighborSampler(ctx, (LocalFeatureStore(), LocalGraphStore()), num_neighbors=[2])
+        PartitionNeighborSampler(ctx, (LocalFeatureStore(), LocalGraphStore()), num_neighbors=[2])
         print(json.dumps({"error": None}))
     except Exception as e:  # the point: record what it raises
         print(json.dumps({"error": f"{type(e).__name__}: {e}"}))
@@ -206,7 +206,7 @@ def main() -> None:
     results["pyg_dist_neighbor_loader"] = pyg_dist_neighbor_loader(args)
     save(args, [results], started, [])
     print("\n" + table(results))
-    print(f"\nPyG DistNeighborLoader (2.8.1): "
+    print(f"\nPyG PartitionNeighborLoader (2.8.1): "
           f"{results['pyg_dist_neighbor_loader'].get('error')}")
     print(f"wrote {args.out}")
 

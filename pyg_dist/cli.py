@@ -292,14 +292,14 @@ def _write_batches(data, args: argparse.Namespace, book) -> None:
     j_random = graph.partition_cost(rand, nodes)
     print(f"wrote {args.num_batches} cohesive batches to {path}: J(P) = {j:.4g}, "
           f"{100 * (1 - j / j_random):.1f}% below random batches")
-    from pyg_dist.loader.cost import imbalance, rank_costs
+    from pyg_dist.loader.cohesive.cost import imbalance, rank_costs
     part_of = book.owner(book.inv_perm)  # original id -> part
     worst = [max(imbalance(rank_costs(graph, nodes[a == b], part_of, args.num_parts))
                  for b in range(args.num_batches)) for a in (assignment, rand)]
     print(f"per-rank cost of a batch: at most {worst[0]:.2f}x the mean over ranks "
           f"(random batches: {worst[1]:.2f}x)")
     if args.balance_batches:
-        from pyg_dist.loader.balance import save_batch_parts
+        from pyg_dist.loader.cohesive.balance import save_batch_parts
         loads = save_batch_parts(args.root, data, graph, batch_of, part_of, args.num_parts,
                                  book.meta["graph_hash"])
         print(f"balanced batch parts: per-rank cost of a batch at most "

@@ -7,7 +7,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch_geometric.data import Data
 
-from pyg_dist.comm.plan import csr
+from pyg_dist.utils import csr
 from pyg_dist.integrity import CorruptFileError, load_checked
 from pyg_dist.partition.book import FORMAT_VERSION, described, part_file, read_meta
 

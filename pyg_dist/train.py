@@ -27,8 +27,8 @@ from pyg_dist.comm.compress import get_codec
 from pyg_dist.datasets.real import f1_counts
 from pyg_dist.distributed import (gather_over_ranks, max_over_ranks, stop_requested,
                                   sum_over_ranks)
-from pyg_dist.loader import CohesiveBatchLoader, DistNeighborSampler, load_batches
-from pyg_dist.loader.balance import has_batch_parts
+from pyg_dist.loader import CohesiveBatchLoader, PartitionNeighborSampler, load_batches
+from pyg_dist.loader.cohesive.balance import has_batch_parts
 from pyg_dist.metrics import peak_memory_bytes, reset_peak_memory
 from pyg_dist.partition.book import read_meta
 from pyg_dist.sampler import PlanPrefetcher, build_sampler, check_sampler
@@ -123,7 +123,7 @@ class TrainConfig:
         if len(self.fanout) != self.num_layers:
             raise ValueError(f"fanout has {len(self.fanout)} hops but the model has "
                              f"{self.num_layers} layers: give one fan-out per layer")
-        DistNeighborSampler.check(self.fanout)
+        PartitionNeighborSampler.check(self.fanout)
         if self.batch_size < 1 or self.sampler_workers < 0:
             raise ValueError(f"batch_size must be >= 1 and sampler_workers >= 0 "
                              f"(got {self.batch_size}, {self.sampler_workers})")

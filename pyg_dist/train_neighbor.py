@@ -9,8 +9,9 @@ import torch.distributed as dist
 
 import pyg_dist
 from pyg_dist.distributed import max_over_ranks, stop_requested, sum_over_ranks
-from pyg_dist.loader.neighbor_loader import DistNeighborLoader
-from pyg_dist.metrics import CommStats, peak_memory_bytes, reset_peak_memory
+from pyg_dist.loader.neighbor.loader import PartitionNeighborLoader
+from pyg_dist.comm.stats import CommStats
+from pyg_dist.metrics import peak_memory_bytes, reset_peak_memory
 from pyg_dist.train import (MASKS, TrainConfig, _accuracies, _broadcast_params,
                             _correct_counts, _step, build_model, checkpointer,
                             end_of_epoch, node_loss, num_classes_of, peak_memory_metrics,
@@ -20,7 +21,7 @@ from pyg_dist.train import (MASKS, TrainConfig, _accuracies, _broadcast_params,
 
 def train_neighbor(root: str, config: TrainConfig,
                    out_dir: Optional[str] = None) -> Dict[str, Any]:
-    r"""Trains a plain PyG model on :class:`DistNeighborLoader` mini-batches
+    r"""Trains a plain PyG model on :class:`PartitionNeighborLoader` mini-batches
     (fan-outs ``config.fanout``, ``config.batch_size`` seeds per rank and
     step), one rank of the current process group. Per step every rank's
     loss is its seeds' summed cross-entropy over the step's seed count on
@@ -43,7 +44,7 @@ def train_neighbor(root: str, config: TrainConfig,
     evaluator = pyg_dist.nn.distribute(copy.deepcopy(model), eval_data)
     if config.inductive:  # batches are sampled from the train nodes' subgraph
         data = pyg_dist.DistData.load(train_graph_root(root), rank)
-    loader = DistNeighborLoader(
+    loader = PartitionNeighborLoader(
         data, config.fanout, config.batch_size, seed=config.seed,
         num_workers=config.sampler_workers, adaptive=config.adaptive_depth,
         cache_capacity=config.feature_cache_capacity if config.feature_cache else 0,
@@ -73,7 +74,7 @@ def train_neighbor(root: str, config: TrainConfig,
     return summary
 
 
-def _epoch(epoch: int, model, evaluator, data, loader: DistNeighborLoader, optimizer,
+def _epoch(epoch: int, model, evaluator, data, loader: PartitionNeighborLoader, optimizer,
            params, config: TrainConfig, num_train: int, world: int,
            device) -> Dict[str, Any]:
     loader.reset_report()

@@ -9,7 +9,7 @@ import torch.distributed as dist
 import pyg_dist
 from pyg_dist.cache import FeatureCache, HaloCache, HistoricalCache, PipelineCache
 from pyg_dist.comm import all_to_all, halo_exchange
-from pyg_dist.nn import DistContext
+from pyg_dist.nn import HaloContext
 from pyg_dist.sampler import build_sampler
 
 FEATURES = 5
@@ -30,7 +30,7 @@ def pipeline_checks(root: str, tau: int, gamma, sampled: bool, iterations: int =
     part = pyg_dist.DistData.load(root, dist.get_rank())
     rank = dist.get_rank()
     cache = PipelineCache(tau, smooth_features=gamma, smooth_grads=gamma)
-    ctx, exact = DistContext(part, cache=cache), DistContext(part)
+    ctx, exact = HaloContext(part, cache=cache), HaloContext(part)
     if sampled:
         bns = build_sampler("bns", part, seed=3, p=0.5)
         plans = [bns.plan(t) for t in range(iterations + tau)]
@@ -271,7 +271,7 @@ def feature_cache_checks(root: str, policy: str, capacity: str, iterations: int 
 
 def pipeline_exception_checks(root: str):
     r"""An exception raised on every rank in the middle of a pipelined
-    iteration: after :meth:`DistContext.finish` no exchange is in flight and
+    iteration: after :meth:`HaloContext.finish` no exchange is in flight and
     the model computes exactly again."""
     from torch_geometric.nn import GraphSAGE
     part = pyg_dist.DistData.load(root, dist.get_rank())
@@ -415,7 +415,7 @@ def batch_sampling_checks(root: str, draws: int = 200):
     each draw receives."""
     from torch_geometric.nn import GCNConv
     from pyg_dist.loader import batch_subgraph
-    from pyg_dist.loader.batch_plan import sample_layers
+    from pyg_dist.loader.cohesive.batch_plan import sample_layers
     part = pyg_dist.DistData.load(root, dist.get_rank())
     targets = torch.zeros(part.num_inner, dtype=torch.bool)
     targets[::3] = True

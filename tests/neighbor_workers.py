@@ -6,7 +6,7 @@ import torch.distributed as dist
 from torch_geometric.nn import GraphSAGE
 
 import pyg_dist
-from pyg_dist.loader import DistNeighborLoader
+from pyg_dist.loader import PartitionNeighborLoader
 
 
 def _batches(loader, epochs):
@@ -28,12 +28,12 @@ def sample_epochs(root: str):
     result = {}
     for name, kwargs in (("loop", {}), ("pool", {"num_workers": 3,
                                                   "cache_capacity": "50%"})):
-        loader = DistNeighborLoader(data, [4, 3], batch_size=20, seed=1, **kwargs)
+        loader = PartitionNeighborLoader(data, [4, 3], batch_size=20, seed=1, **kwargs)
         result[name] = _batches(loader, 2)
         result[name + "_report"] = loader.report()
         loader.close()
     result["chunk_sizes"] = loader.chunk_sizes
-    loader = DistNeighborLoader(data, [-1, -1], batch_size=25, shuffle=False)
+    loader = PartitionNeighborLoader(data, [-1, -1], batch_size=25, shuffle=False)
     batch = next(iter(loader))
     torch.manual_seed(0)
     model = GraphSAGE(data.num_features, 8, 2, 5)
@@ -48,7 +48,7 @@ def sample_epochs(root: str):
 def die_while_sampling(root: str, victim: int):
     r"""The victim rank exits abruptly after its second batch."""
     data = pyg_dist.DistData.load(root, dist.get_rank())
-    loader = DistNeighborLoader(data, [4, 3], batch_size=8, num_workers=2)
+    loader = PartitionNeighborLoader(data, [4, 3], batch_size=8, num_workers=2)
     for step, _ in enumerate(loader):
         if step == 1 and dist.get_rank() == victim:
             os._exit(3)

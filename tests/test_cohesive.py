@@ -7,7 +7,7 @@ import torch
 
 from pyg_dist.loader import (CostModel, HopGraph, cohesive_batches, queyranne_bisection,
                              random_batches, recursive_bisection)
-from pyg_dist.loader.batch_partition import CoverCounts
+from pyg_dist.loader.cohesive.batch_partition import CoverCounts
 from tests.numeric import assert_fp32_close, assert_params_close
 
 
@@ -111,15 +111,15 @@ def test_distributed_batches_equal_single_process_pyg(tmp_path, balanced):
     batch_of[nodes] = cohesive_batches(graph, data.edge_index, nodes, 4, method="metis")
     book = pyg_dist.partition_graph(data, 3, root=str(tmp_path))
     if balanced:  # each batch split over the ranks by cost, not by owner
-        from pyg_dist.loader.balance import save_batch_parts
+        from pyg_dist.loader.cohesive.balance import save_batch_parts
         loads = save_batch_parts(str(tmp_path), data, graph, batch_of, book.owner(book.inv_perm),
                                  3, book.meta["graph_hash"])
         assert all(float(load.max() / load.mean()) <= 1.05 for load in loads)
-        from pyg_dist.loader.cost import imbalance, rank_costs
+        from pyg_dist.loader.cohesive.cost import imbalance, rank_costs
         by_owner = [imbalance(rank_costs(graph, (batch_of == b).nonzero().view(-1),
                                          book.owner(book.inv_perm), 3)) for b in range(4)]
         assert max(by_owner) > 1.05  # so the balanced split really moved work
-        from pyg_dist.loader.balance import load_batch_part
+        from pyg_dist.loader.cohesive.balance import load_batch_part
         with pytest.raises(ValueError, match="3-layer computational graphs"):
             load_batch_part(str(tmp_path), 0, 0, num_layers=4)  # a deeper model
     results = pyg_dist.spawn(cohesive_batch_checks, 3, (str(tmp_path), batch_of, balanced),
@@ -154,7 +154,7 @@ def test_distributed_batches_equal_single_process_pyg(tmp_path, balanced):
 
 
 def test_balance_work_hands_outermost_nodes_to_the_least_loaded():
-    from pyg_dist.loader.balance import balance_work, computational_graph
+    from pyg_dist.loader.cohesive.balance import balance_work, computational_graph
     data, nodes = _community_graph()
     graph = HopGraph(data.edge_index, data.num_nodes, CostModel(dims=[12, 16, 16, 5]))
     order, work = computational_graph(graph, nodes[:30])
@@ -173,7 +173,7 @@ def test_balance_work_hands_outermost_nodes_to_the_least_loaded():
 
 
 def test_rank_costs_split_the_batch_cost():
-    from pyg_dist.loader.cost import imbalance, rank_costs
+    from pyg_dist.loader.cohesive.cost import imbalance, rank_costs
     data, nodes = _community_graph()
     graph = HopGraph(data.edge_index, data.num_nodes, CostModel(dims=[12, 16, 16, 5]))
     part_of = torch.arange(data.num_nodes) % 3

@@ -9,8 +9,8 @@ from torch_geometric.nn import GraphSAGE
 from torch_geometric.utils import to_torch_csr_tensor
 
 import pyg_dist
-from pyg_dist.loader.neighbor_sampler import sample_neighbors
-from pyg_dist.loader.pipeline import SamplerPool
+from pyg_dist.loader.neighbor.sampler import sample_neighbors
+from pyg_dist.loader.neighbor.pipeline import SamplerPool
 from tests.neighbor_workers import die_while_sampling, sample_epochs
 from tests.numeric import assert_fp32_close
 

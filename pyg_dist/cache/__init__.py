@@ -12,12 +12,13 @@ historical :class:`HistoricalCache` (SANCUS)       bound
 plus :class:`FeatureCache` (PSC-GCN's inclusion-aware cache of layer-0 input
 features), which combines with any of them.
 """
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 from pyg_dist.cache.base import ExactCache, HaloCache
 from pyg_dist.cache.feature import FeatureCache
 from pyg_dist.cache.historical import HistoricalCache, parse_bound
 from pyg_dist.cache.pipeline import PipelineCache
+from pyg_dist.options import Option
 
 CACHES = {"exact": ExactCache, "pipeline": PipelineCache, "historical": HistoricalCache}
 
@@ -37,10 +38,15 @@ def check_cache(name: str, params: Dict[str, Any]) -> None:
         raise ValueError(f"cache '{name}' got an unknown parameter: {e}") from None
 
 
+def cache_options(name: str) -> Tuple[Option, ...]:
+    r"""The hyper-parameters cache :obj:`name` takes."""
+    return _cache_class(name).options
+
+
 def build_cache(name: str, **params) -> HaloCache:
     check_cache(name, params)
     return _cache_class(name)(**params)
 
 
 __all__ = ["HaloCache", "ExactCache", "PipelineCache", "HistoricalCache", "FeatureCache",
-           "CACHES", "build_cache", "check_cache", "parse_bound"]
+           "CACHES", "build_cache", "check_cache", "cache_options", "parse_bound"]

@@ -1,9 +1,10 @@
 """``HaloCache``: how fresh the halo rows a layer aggregates must be."""
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, Sequence, Tuple
 
 from torch import Tensor
 
 from pyg_dist.comm import HaloPlan, halo_exchange
+from pyg_dist.options import Option
 
 
 class HaloCache:
@@ -31,6 +32,8 @@ class HaloCache:
     stale: bool = False
     #: Plans must be drawn this many iterations ahead.
     lookahead: int = 0
+    #: Its hyper-parameters, as the command line offers them.
+    options: Tuple[Option, ...] = ()
 
     def __init__(self) -> None:
         self.iteration = 0
@@ -41,7 +44,7 @@ class HaloCache:
         r"""Raises :class:`ValueError` for invalid hyper-parameters."""
 
     def attach(self, ctx) -> None:
-        r"""Called once with the model's :class:`~pyg_dist.nn.DistContext`."""
+        r"""Called once with the model's :class:`~pyg_dist.nn.HaloContext`."""
         self.ctx = ctx
 
     def fetch(self, key: str, x: Tensor, plan: HaloPlan,

@@ -10,6 +10,7 @@ from torch import Tensor
 from pyg_dist.cache.base import HaloCache
 from pyg_dist.comm import HaloPlan
 from pyg_dist.comm.exchange import exchange_rows, return_grads
+from pyg_dist.options import Option
 
 BOUNDS = ("fixed", "adaptive", "gap")
 
@@ -75,6 +76,7 @@ class HistoricalCache(HaloCache):
     every exchange's counts per layer (``history[key].log``).
     """
     stale = True
+    options = (Option("bound", "adaptive:1", "fixed:E | adaptive:A | gap:H"), )
 
     def __init__(self, bound: str = "adaptive:1", record: bool = False) -> None:
         super().__init__()

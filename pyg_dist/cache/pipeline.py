@@ -9,6 +9,7 @@ from torch import Tensor
 from pyg_dist.cache.base import HaloCache
 from pyg_dist.comm import HaloPlan
 from pyg_dist.comm.exchange import Pending, start_exchange
+from pyg_dist.options import Option
 
 Rows = Union[Tensor, Pending]  # received rows, or rows still in flight
 # ...and the plan they were exchanged for (None: restored from a checkpoint)
@@ -106,6 +107,13 @@ class PipelineCache(HaloCache):
         smooth_grads: :math:`\gamma` for the halo gradients (``None``: off).
     """
     stale = True
+    options = (
+        Option("staleness", 1, "exchanges in flight, tau", int),
+        Option("smooth_features", None, "smooth stale features (PipeGCN-F) with decay GAMMA",
+               float, const=0.95),
+        Option("smooth_grads", None, "smooth stale gradients (PipeGCN-G) with decay GAMMA",
+               float, const=0.95),
+    )
 
     def __init__(self, staleness: int = 1, smooth_features: Optional[float] = None,
                  smooth_grads: Optional[float] = None) -> None:

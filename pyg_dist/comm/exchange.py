@@ -9,7 +9,7 @@ from torch import Tensor
 
 from pyg_dist.comm.compress import RowCodec
 from pyg_dist.comm.plan import HaloPlan
-from pyg_dist.metrics import CommStats
+from pyg_dist.comm.stats import CommStats
 
 
 class Pending:

@@ -1,10 +1,11 @@
 """``HaloPlan``: which rows travel in one iteration's halo exchanges, and the
 local graph the layers aggregate over with them."""
-import warnings
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
+
+from pyg_dist.utils import csr, csr_tensor
 
 # Aggregations whose sampled estimate is made unbiased by edge weights.
 SUM_AGGRS = ("add", "sum")
@@ -27,7 +28,7 @@ class EdgePatch(NamedTuple):
         col[pos] = self.col
         value = adj_t.values().clone()
         value[pos] *= self.factor.to(value.dtype)
-        return _csr_tensor(adj_t.crow_indices(), col, value, (adj_t.size(0), num_cols))
+        return csr_tensor(adj_t.crow_indices(), col, value, (adj_t.size(0), num_cols))
 
 
 class CompactGraph(NamedTuple):
@@ -278,30 +279,10 @@ class HaloPlan:
             keep = rows[row]
             part_crow = torch.zeros_like(crow)
             part_crow[1:] = torch.cumsum(crow.diff() * rows, 0)
-            parts.append(_csr_tensor(part_crow, col[keep], value[keep], (num_rows, num_cols)))
+            parts.append(csr_tensor(part_crow, col[keep], value[keep], (num_rows, num_cols)))
         self.cache[("split_rows", id(adj_t))] = (adj_t, *parts)
         return parts[0], parts[1]
 
 
 def _counts(owner: Tensor, num_parts: int) -> List[int]:
     return torch.bincount(owner, minlength=num_parts).tolist()
-
-
-def _csr_tensor(crow: Tensor, col: Tensor, value: Tensor, size) -> Tensor:
-    with warnings.catch_warnings():  # "CSR support is in beta"
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(crow, col, value, size, check_invariants=False)
-
-
-def csr(edge_index: Tensor, value: Optional[Tensor], num_rows: int, num_cols: int,
-        dtype: torch.dtype = torch.float) -> Tensor:
-    r"""A ``torch.sparse`` CSR matrix (rows = targets) of an ``edge_index``
-    sorted by target; unit values when :obj:`value` is ``None``."""
-    src, dst = edge_index
-    # 64-bit indices: with int32 ones, torch 2.13's CPU backward of PyG's
-    # mean aggregation over a 50K x 60K CSR was measured wrong (errors ~5e4).
-    crow = torch.zeros(num_rows + 1, dtype=torch.long, device=src.device)
-    crow[1:] = torch.bincount(dst, minlength=num_rows).cumsum(0)
-    if value is None:
-        value = torch.ones(src.numel(), dtype=dtype, device=src.device)
-    return _csr_tensor(crow, src, value, (num_rows, num_cols))

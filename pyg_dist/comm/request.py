@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from pyg_dist.comm.exchange import all_to_all
-from pyg_dist.metrics import CommStats
+from pyg_dist.comm.stats import CommStats
 
 
 class OwnerRequest:

@@ -1,20 +1,81 @@
-r"""Loaders on top of :class:`~pyg_dist.DistData`: CM-GCN's cohesive
-mini-batches (cost model, batch partitioner, per-batch layer plans) and
-DistDGL/ByteGNN's neighbour-sampled mini-batches (feature store, sampler,
-pipelined sampling)."""
-from pyg_dist.loader.batch_partition import (cohesive_batches, queyranne_bisection,
-                                             random_batches, recursive_bisection)
-from pyg_dist.loader.batch_plan import BatchGraph, batch_subgraph, sample_layers
-from pyg_dist.loader.cohesive import (Batch, CohesiveBatchLoader, load_batches,
-                                      save_batches)
-from pyg_dist.loader.cost import CostModel, HopGraph
-from pyg_dist.loader.feature_store import DistFeatureStore
-from pyg_dist.loader.neighbor_loader import DistNeighborLoader, split_seeds
-from pyg_dist.loader.neighbor_sampler import DistNeighborSampler, sample_neighbors
-from pyg_dist.loader.pipeline import SamplerPool
+r"""Training loaders on top of :class:`~pyg_dist.DistData`. Each yields
+:class:`TrainBatch` es; ``--loader NAME`` picks one from :data:`LOADERS`.
 
-__all__ = ["Batch", "BatchGraph", "CohesiveBatchLoader", "batch_subgraph", "sample_layers",
-           "load_batches", "save_batches", "CostModel", "HopGraph", "cohesive_batches",
+========= ================================ =====================================
+name      class                            batches per epoch
+========= ================================ =====================================
+full      :class:`FullGraphLoader`         1: the whole partition (halo plans)
+cohesive  :class:`CohesiveBatchLoader`     M: CM-GCN cohesive mini-batches
+neighbor  :class:`PartitionNeighborLoader` one per step: DistDGL / ByteGNN
+                                           neighbour-sampled mini-batches
+========= ================================ =====================================
+"""
+from typing import Any, Dict, Tuple, Type
+
+from pyg_dist.deprecation import renamed
+from pyg_dist.loader.base import Loader, LoaderInputs
+from pyg_dist.loader.batch import TrainBatch
+from pyg_dist.loader.cohesive import (BatchGraph, CohesiveBatchLoader, CostModel, HopGraph,
+                                      batch_subgraph, cohesive_batches, load_batches,
+                                      queyranne_bisection, random_batches,
+                                      recursive_bisection, sample_layers, save_batches)
+from pyg_dist.loader.full import FullGraphLoader, PlanPrefetcher
+from pyg_dist.loader.neighbor import (PartitionFeatureStore, PartitionNeighborLoader,
+                                      PartitionNeighborSampler, SamplerPool,
+                                      sample_neighbors, split_seeds)
+from pyg_dist.options import Option
+
+LOADERS: Dict[str, Type[Loader]] = {
+    "full": FullGraphLoader,
+    "cohesive": CohesiveBatchLoader,
+    "neighbor": PartitionNeighborLoader,
+}
+
+
+def _loader_class(name: str) -> Type[Loader]:
+    if name not in LOADERS:
+        raise ValueError(f"Unknown loader '{name}' ({', '.join(LOADERS)})")
+    return LOADERS[name]
+
+
+def loader_options(name: str) -> Tuple[Option, ...]:
+    r"""The hyper-parameters loader :obj:`name` takes."""
+    return _loader_class(name).options
+
+
+def check_loader(name: str, params: Dict[str, Any], config: Any) -> None:
+    r"""Raises :class:`ValueError` for an unknown loader, a parameter it
+    does not take, an invalid value, or a run (:obj:`config`'s sampler,
+    caches, layer options, inductive) it does not compose with."""
+    cls = _loader_class(name)
+    if config.inductive and not cls.inductive:
+        raise ValueError(cls.refusal_inductive)
+    unknown = set(params) - {o.name for o in cls.options}
+    if unknown:
+        raise ValueError(f"Loader '{name}' takes no parameter(s) {sorted(unknown)} "
+                         f"(it takes {sorted(o.name for o in cls.options) or 'none'})")
+    cls.check(num_layers=config.num_layers, **params)
+    if not cls.composes_with(config):
+        raise ValueError(cls.refusal)
+
+
+def build_loader(name: str, inputs: LoaderInputs, **params: Any) -> Loader:
+    r"""The loader registered as :obj:`name`, built for one run."""
+    return _loader_class(name).from_inputs(inputs, **params)
+
+
+__all__ = ["LOADERS", "Loader", "LoaderInputs", "TrainBatch", "build_loader", "check_loader",
+           "loader_options", "FullGraphLoader", "PlanPrefetcher", "BatchGraph",
+           "CohesiveBatchLoader", "batch_subgraph", "sample_layers", "load_batches",
+           "save_batches", "CostModel", "HopGraph", "cohesive_batches",
            "queyranne_bisection", "random_batches", "recursive_bisection",
-           "DistFeatureStore", "DistNeighborLoader", "DistNeighborSampler", "SamplerPool",
-           "sample_neighbors", "split_seeds"]
+           "PartitionFeatureStore", "PartitionNeighborLoader", "PartitionNeighborSampler",
+           "SamplerPool", "sample_neighbors", "split_seeds"]
+
+# Renamed: the old names clashed with torch_geometric.distributed's classes.
+__getattr__ = renamed(__name__, {
+    "DistNeighborLoader": ("pyg_dist.loader.neighbor", "PartitionNeighborLoader"),
+    "DistNeighborSampler": ("pyg_dist.loader.neighbor", "PartitionNeighborSampler"),
+    "DistFeatureStore": ("pyg_dist.loader.neighbor", "PartitionFeatureStore"),
+    "Batch": ("pyg_dist.loader.batch", "TrainBatch"),
+})

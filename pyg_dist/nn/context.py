@@ -1,4 +1,4 @@
-"""``DistContext``: what every distributed layer of a model shares — the
+"""``HaloContext``: what every distributed layer of a model shares — the
 partition, the current halo plan, the process group and the counters."""
 from contextlib import contextmanager
 from typing import (Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple,
@@ -13,9 +13,9 @@ from pyg_dist.cache import ExactCache, FeatureCache, HaloCache
 from pyg_dist.comm import HaloPlan, halo_exchange
 from pyg_dist.comm.compress import get_codec
 from pyg_dist.comm.exchange import start_halo_exchange
-from pyg_dist.comm.plan import csr
+from pyg_dist.utils import csr
 from pyg_dist.data import DistData
-from pyg_dist.metrics import CommStats
+from pyg_dist.comm.stats import CommStats
 
 Observer = Callable[[str, Tensor, HaloPlan], None]
 Plans = Union[HaloPlan, Sequence[HaloPlan]]  # one plan, or one per layer
@@ -34,7 +34,7 @@ class GCNNorm(NamedTuple):
     deg: Tensor  # of the partition's inner and halo nodes
 
 
-class DistContext:
+class HaloContext:
     r"""Binds distributed layers to one rank's :class:`~pyg_dist.DistData`.
 
     Layers call :meth:`extend` to turn a node-level tensor of inner rows into

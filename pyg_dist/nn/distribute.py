@@ -9,8 +9,8 @@ from torch_geometric.nn.conv import MessagePassing
 
 from pyg_dist.cache import FeatureCache, HaloCache
 from pyg_dist.data import DistData
-from pyg_dist.metrics import CommStats
-from pyg_dist.nn.context import DistContext
+from pyg_dist.comm.stats import CommStats
+from pyg_dist.nn.context import HaloContext
 from pyg_dist.nn import gcn_norm
 from pyg_dist.nn.conv import DistChebConv, DistGATConv, DistGATv2Conv, DistGCNConv
 from pyg_dist.nn.norm import NORMS
@@ -95,7 +95,7 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
         overlap: each layer aggregates its interior targets (no halo
             in-edge) while its halo rows travel and its border targets once
             they arrive (CM-GCN §III-C; exact, see
-            :meth:`~pyg_dist.nn.DistContext.aggregate`). Applies to layers
+            :meth:`~pyg_dist.nn.HaloContext.aggregate`). Applies to layers
             on the fused sparse path (e.g. SAGE, GCN, GIN, GraphConv) under
             the exact cache; others exchange first as usual.
     """
@@ -106,7 +106,7 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
                          f"layer to distribute")
     check_model(model)
     gcn_norm.install()
-    ctx = DistContext(data, group, stats, exchange_dtype, cache, feature_cache, overlap)
+    ctx = HaloContext(data, group, stats, exchange_dtype, cache, feature_cache, overlap)
     for i, (name, module) in enumerate(layers):
         _convert(module, name or type(module).__name__, ctx)
         ctx.layer_index[module._dist_key] = i
@@ -138,7 +138,7 @@ def _precompute_first(name: str, module: MessagePassing) -> None:
 
 def _remember_undropped(module: torch.nn.Dropout, inputs, out: Tensor) -> None:
     r"""Tags a dropout's output with its input, so that a stale cache can
-    exchange the undropped rows (see :meth:`DistContext.fetch`)."""
+    exchange the undropped rows (see :meth:`HaloContext.fetch`)."""
     if module.training and module.p > 0 and out is not inputs[0]:
         out._dist_dropout = (inputs[0], module.p)
 
@@ -146,7 +146,7 @@ def _remember_undropped(module: torch.nn.Dropout, inputs, out: Tensor) -> None:
 def _precomputed_propagate(module: MessagePassing, edge_index, size=None, **kwargs):
     r"""``propagate`` that reuses the aggregation of ``data.x`` (computed on
     the exact plan once) and computes anything else as usual."""
-    ctx: DistContext = module._dist_ctx
+    ctx: HaloContext = module._dist_ctx
     x = kwargs.get("x")
     x_src = x[0] if isinstance(x, (tuple, list)) else x
     propagate = type(module).propagate
@@ -156,7 +156,7 @@ def _precomputed_propagate(module: MessagePassing, edge_index, size=None, **kwar
                           lambda: propagate(module, edge_index, size=size, **kwargs))
 
 
-def _convert(module: MessagePassing, name: str, ctx: DistContext) -> None:
+def _convert(module: MessagePassing, name: str, ctx: HaloContext) -> None:
     if getattr(module, "_dist_ctx", None) is None:  # not converted yet
         cls = type(module)
         if cls in SUBCLASSES:
@@ -182,7 +182,7 @@ def _trim_input(module: MessagePassing, args):
     plan says so (a mini-batch's layers run on shrinking prefixes), and
     gives a layer of :data:`EDGE_INDEX_ONLY` the partition's ``edge_index``
     for its ``adj_t``."""
-    ctx: DistContext = module._dist_ctx
+    ctx: HaloContext = module._dist_ctx
     gcn_norm.enter(ctx)  # first: _leave runs even if this hook raises
     ctx.enter(module._dist_key)
     module._dist_calls = 0
@@ -219,7 +219,7 @@ def _propagate_pre_hook(module: MessagePassing, inputs):
     if getattr(module, "_dist_prepared", False):  # _overlapped_propagate did it
         return None
     edge_index, size, kwargs = inputs
-    ctx: DistContext = module._dist_ctx
+    ctx: HaloContext = module._dist_ctx
     ctx.enter(module._dist_key)
     sources = _source_args(module)
     # A layer that propagates K times exchanges K times, each under its own key.
@@ -251,10 +251,10 @@ def _propagate_pre_hook(module: MessagePassing, inputs):
 
 
 def _overlapped_propagate(module: MessagePassing, edge_index, size=None, **kwargs):
-    r"""``propagate`` through :meth:`DistContext.aggregate` (interior
+    r"""``propagate`` through :meth:`HaloContext.aggregate` (interior
     targets while the halo rows travel) for a layer that aggregates one
     source tensor on the fused path; any other call goes the usual way."""
-    ctx: DistContext = module._dist_ctx
+    ctx: HaloContext = module._dist_ctx
     propagate = type(module).propagate
     sources = _source_args(module)
     if not (module.fuse and len(sources) == 1 and ctx.is_local_graph(edge_index)

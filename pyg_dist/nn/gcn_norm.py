@@ -6,8 +6,8 @@ EGConv, PDNConv (any layer of :mod:`torch_geometric.nn.conv` that calls
 ``gcn_norm`` in its forward) normalise the graph they are given. On a
 partition that graph is the rank's local one, whose halo nodes miss most of
 their edges. While a distributed layer runs its forward, the ``gcn_norm``
-these modules call is :meth:`DistContext.gcn_norm
-<pyg_dist.nn.DistContext.gcn_norm>`: the same weights
+these modules call is :meth:`HaloContext.gcn_norm
+<pyg_dist.nn.HaloContext.gcn_norm>`: the same weights
 
 .. math::
     \frac{w_{ji}}{\sqrt{\hat d_j \hat d_i}}, \qquad
@@ -32,7 +32,7 @@ from torch import Tensor
 from torch_geometric.nn.conv.gcn_conv import gcn_norm as pyg_gcn_norm
 from torch_geometric.utils import is_torch_sparse_tensor
 
-_running = threading.local()  # the DistContext of the layer running in this thread
+_running = threading.local()  # the HaloContext of the layer running in this thread
 
 
 def enter(ctx) -> None:

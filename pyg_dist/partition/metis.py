@@ -6,6 +6,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pyg_dist.utils import gather_neighbours
+
 OBJECTIVES = ("vol", "cut")
 
 
@@ -83,7 +85,7 @@ def rebalance(assignment: Tensor, rowptr: Tensor, col: Tensor, masks: Tensor,
         nodes = (mask & over[assignment]).nonzero().view(-1)
         # Neighbour histogram over parts for every candidate node.
         src = torch.repeat_interleave(torch.arange(nodes.numel()), deg[nodes])
-        nbr = _gather_neighbours(rowptr, col, nodes)
+        nbr = gather_neighbours(rowptr, col, nodes)
         hist = torch.zeros(nodes.numel(), num_parts)
         hist.index_put_((src, assignment[nbr]), torch.ones(src.numel()), accumulate=True)
         home = hist[torch.arange(nodes.numel()), assignment[nodes]]
@@ -104,15 +106,6 @@ def rebalance(assignment: Tensor, rowptr: Tensor, col: Tensor, masks: Tensor,
             if int(excess.sum()) == 0:
                 break
     return assignment
-
-
-def _gather_neighbours(rowptr: Tensor, col: Tensor, nodes: Tensor) -> Tensor:
-    r"""``col`` entries of the CSR rows :obj:`nodes`, concatenated."""
-    deg = rowptr[nodes + 1] - rowptr[nodes]
-    total = int(deg.sum())  # output_size: repeat_interleave need not sync/size again
-    starts = torch.repeat_interleave(rowptr[nodes] - (torch.cumsum(deg, 0) - deg), deg,
-                                     output_size=total)
-    return col[starts + torch.arange(total)]
 
 
 def random_assignment(num_nodes: int, num_parts: int, seed: int = 0) -> Tensor:

@@ -1,14 +1,15 @@
 r"""Boundary samplers: which halo rows each iteration fetches."""
 import inspect
-from typing import Any, Dict, Optional, Type
+from typing import Any, Dict, List, Optional, Type
 
 from pyg_dist.data import DistData
-from pyg_dist.metrics import CommStats
+from pyg_dist.deprecation import renamed
+from pyg_dist.options import Option
+from pyg_dist.comm.stats import CommStats
 from pyg_dist.sampler.base import BoundarySampler
 from pyg_dist.sampler.bns import BNSSampler
 from pyg_dist.sampler.edge import BoundaryEdgeSampler, DropEdgeSampler
 from pyg_dist.sampler.full import FullSampler
-from pyg_dist.sampler.prefetch import PlanPrefetcher
 from pyg_dist.sampler.variance import (VarianceReductionSampler, sampling_variance,
                                        vr_probabilities)
 
@@ -26,6 +27,13 @@ def sampler_params(name: str) -> Dict[str, Any]:
     skip = {"self", "data", "seed", "group", "stats"}
     return {k: p.default for k, p in inspect.signature(SAMPLERS[name]).parameters.items()
             if k not in skip}
+
+
+def sampler_options(name: str) -> List[Option]:
+    r"""The hyper-parameters of sampler :obj:`name`, as the command line
+    offers them (from its constructor's signature)."""
+    return [Option(param, default, f"(default {default})", type(default))
+            for param, default in sampler_params(name).items()]
 
 
 def check_sampler(name: str, params: Dict[str, Any]) -> None:
@@ -49,4 +57,7 @@ def build_sampler(name: str, data: DistData, seed: int = 0, group=None,
 
 __all__ = ["BoundarySampler", "FullSampler", "BNSSampler", "VarianceReductionSampler",
            "DropEdgeSampler", "BoundaryEdgeSampler", "SAMPLERS", "build_sampler", "check_sampler",
-           "sampler_params", "vr_probabilities", "sampling_variance"]
+           "sampler_params", "sampler_options", "vr_probabilities", "sampling_variance"]
+
+# Moved to the loaders (one release of warnings).
+__getattr__ = renamed(__name__, {"PlanPrefetcher": ("pyg_dist.loader.full", "PlanPrefetcher")})

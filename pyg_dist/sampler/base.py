@@ -7,10 +7,10 @@ from torch import Tensor
 from pyg_dist.comm import HaloPlan
 from pyg_dist.comm.bitmask import tell_owners
 from pyg_dist.comm.plan import EdgePatch
+from pyg_dist.comm.stats import CommStats
 from pyg_dist.data import DistData
-from pyg_dist.metrics import CommStats
+from pyg_dist.utils import mix_seeds
 
-_MASK64 = (1 << 64) - 1
 
 
 class BoundarySampler:
@@ -65,7 +65,7 @@ class BoundarySampler:
         return lambda: self.plan(iteration)
 
     def attach(self, ctx) -> None:
-        r"""Called once with the model's :class:`~pyg_dist.nn.DistContext`."""
+        r"""Called once with the model's :class:`~pyg_dist.nn.HaloContext`."""
 
     def state_dict(self) -> Dict[str, Any]:
         r"""What the sampler has learned, for a checkpoint (plans themselves
@@ -79,7 +79,7 @@ class BoundarySampler:
         r"""A CPU generator seeded by ``(seed, iteration, *keys)``: two ranks
         that pass the same keys draw the same numbers."""
         g = torch.Generator()
-        g.manual_seed(_mix(self.seed, iteration, *keys))
+        g.manual_seed(mix_seeds(self.seed, iteration, *keys))
         return g
 
     def uniform(self, n: int, iteration: int, *keys: int) -> Tensor:
@@ -148,16 +148,6 @@ class BoundarySampler:
 
     def extra_repr(self) -> str:
         return ""
-
-
-def _mix(*values: int) -> int:
-    r"""A 63-bit hash of integers (SplitMix64 finaliser per value)."""
-    h = 0x9E3779B97F4A7C15
-    for v in values:
-        h = ((h ^ (v & _MASK64)) * 0xBF58476D1CE4E5B9) & _MASK64
-        h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK64
-        h ^= h >> 31
-    return h & ((1 << 63) - 1)
 
 
 def validate_probability(name: str, value: float, allow_zero: bool = True) -> float:

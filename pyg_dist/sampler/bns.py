@@ -6,7 +6,7 @@ from torch import Tensor
 
 from pyg_dist.comm import HaloPlan
 from pyg_dist.data import DistData
-from pyg_dist.metrics import CommStats
+from pyg_dist.comm.stats import CommStats
 from pyg_dist.sampler.base import BoundarySampler, validate_probability
 
 

@@ -74,5 +74,5 @@ class DistChebConv(ChebConv):
         weight.masked_fill_(weight == float("inf"), 0)
         weight[src.numel():] -= 1
         edge_index = torch.stack([torch.cat([src, inner]), torch.cat([dst, inner])])
-        edge_index._dist_plan = ctx.plan  # already the plan's graph (see DistContext)
+        edge_index._dist_plan = ctx.plan  # already the plan's graph (see HaloContext)
         return edge_index, weight

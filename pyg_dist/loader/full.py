@@ -1,12 +1,19 @@
-"""Plans drawn ahead of the training loop, optionally in a background thread."""
+r"""``FullGraphLoader``: full-graph partition-parallel epochs, with the halo
+plans drawn ahead of the training loop (``PlanPrefetcher``), optionally in
+a background thread."""
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Deque, List, Optional, Tuple
+from typing import Deque, Iterator, List, Optional, Tuple
 
 import torch.distributed as dist
 
 from pyg_dist.comm import HaloPlan
-from pyg_dist.metrics import CommStats
+from pyg_dist.comm.stats import CommStats
+from pyg_dist.data import DistData
+from pyg_dist.distributed import sum_over_ranks
+from pyg_dist.loader.base import Loader, LoaderInputs
+from pyg_dist.loader.batch import TrainBatch
+from pyg_dist.options import Option
 from pyg_dist.sampler.base import BoundarySampler
 
 
@@ -93,3 +100,63 @@ class PlanPrefetcher:
             if self.group is not None:
                 dist.destroy_process_group(self.group)
                 self.group = None
+
+
+class FullGraphLoader(Loader):
+    r"""One :class:`~pyg_dist.loader.TrainBatch` per epoch: the whole
+    partition (its input features, adjacency and train nodes) with the halo
+    plan that :obj:`sampler` draws for the iteration, and the plans of the
+    next :obj:`lookahead` iterations (see :class:`PlanPrefetcher`). The
+    loss is normalised by the train nodes of all ranks, so the summed
+    gradients equal single-process full-graph training.
+
+    Args:
+        data: this rank's partition.
+        sampler: draws each iteration's plan (attached to the model).
+        lookahead: plans drawn ahead (the cache's
+            :attr:`~pyg_dist.cache.HaloCache.lookahead`).
+        background: draw them in a background thread (CPU only).
+        stats: counts the sampler's bytes and times the drawing
+            (``sample``; its own collectives count as ``comm``).
+    """
+    options = (Option("background", True, "draw the plans of a pipelined cache in a "
+                      "background thread (CPU)", flag="--no-background-sampling",
+                      switch=False), )
+
+    def __init__(self, data: DistData, sampler: BoundarySampler, lookahead: int = 0,
+                 background: bool = False, stats: Optional[CommStats] = None) -> None:
+        self.data = data
+        self.stats = stats if stats is not None else CommStats()
+        self.prefetcher = PlanPrefetcher(sampler, lookahead, background, self.stats)
+        self.num_train = int(sum_over_ranks(data.train_mask.sum().double())) or 1
+
+    @classmethod
+    def from_inputs(cls, inputs: LoaderInputs, background: bool = True) -> "FullGraphLoader":
+        lookahead = inputs.context.cache.lookahead
+        return cls(inputs.data, inputs.sampler, lookahead, stats=inputs.stats,
+                   background=background and lookahead > 0 and inputs.device.type == "cpu")
+
+    def __len__(self) -> int:
+        return 1
+
+    def __iter__(self) -> Iterator[TrainBatch]:
+        stats, data = self.stats, self.data
+        comm_before = stats.time["comm"]
+        with stats.timer("sample"):  # plans are drawn as far ahead as the cache exchanges
+            plan, upcoming = self.prefetcher.next()
+        # Waiting in the sampler's own collective counts as communication.
+        stats.time["sample"] -= stats.time["comm"] - comm_before
+        yield TrainBatch(x=data.x, adj_t=data.adj_t, y=data.y, targets=data.train_mask,
+                         loss_count=self.num_train, plans=plan, upcoming=upcoming,
+                         input_features=True, halo_rows=plan.num_recv,
+                         edge_index=data.edge_index, data=data,
+                         n_id=data.n_id[:data.num_inner])
+
+    def state_dict(self) -> dict:
+        return self.prefetcher.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.prefetcher.load_state_dict(state)
+
+    def close(self) -> None:
+        self.prefetcher.close()

@@ -5,16 +5,25 @@ from typing import Dict, Iterator, List, Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch_geometric.data import Data
 
-from pyg_dist.comm.plan import csr
+from pyg_dist.comm.stats import CommStats
 from pyg_dist.data import DistData
 from pyg_dist.distributed import new_gloo_group
-from pyg_dist.loader.feature_store import DistFeatureStore
-from pyg_dist.loader.neighbor_sampler import DistNeighborSampler
-from pyg_dist.loader.pipeline import SamplerPool
-from pyg_dist.metrics import CommStats
-from pyg_dist.sampler.base import _mix
+from pyg_dist.loader.base import Loader, LoaderInputs
+from pyg_dist.loader.batch import TrainBatch
+from pyg_dist.loader.neighbor.feature_store import PartitionFeatureStore
+from pyg_dist.loader.neighbor.pipeline import SamplerPool
+from pyg_dist.loader.neighbor.sampler import PartitionNeighborSampler
+from pyg_dist.options import Option
+from pyg_dist.utils import csr, mix_seeds
+
+
+def _fanout(text: str) -> List[int]:
+    try:
+        return [int(k) for k in text.split(",")]
+    except ValueError:
+        raise ValueError(f"fan-outs are integers separated by commas, e.g. 15,10,5 "
+                         f"(got '{text}')") from None
 
 
 def split_seeds(owned: Tensor, group=None) -> Tuple[Tensor, List[int]]:
@@ -42,7 +51,7 @@ def split_seeds(owned: Tensor, group=None) -> Tuple[Tensor, List[int]]:
     return every[bounds[rank]:bounds[rank + 1]], [b - a for a, b in zip(bounds, bounds[1:])]
 
 
-class DistNeighborLoader:
+class PartitionNeighborLoader(Loader):
     r"""Mini-batches of seed nodes with their sampled :math:`K`-hop
     neighbourhoods, drawn from the whole partitioned graph (DistDGL's
     distributed sampler and KVStore, ByteGNN's pipelined sampling).
@@ -52,20 +61,20 @@ class DistNeighborLoader:
     inner nodes; default ``data.train_mask``) of all ranks are split evenly
     over the ranks (:func:`split_seeds`); each epoch every rank shuffles its
     chunk and yields the same number of batches, so training is synchronous
-    SGD over the union. A batch is sampled with :class:`DistNeighborSampler`
+    SGD over the union. A batch is sampled with :class:`PartitionNeighborSampler`
     (fan-out ``num_neighbors[l]`` at hop :math:`l`, -1 for all) and its node
-    rows pulled from :class:`DistFeatureStore`. It is a PyG ``Data`` laid
-    out as ``NeighborLoader``'s: ``x``, ``y`` and ``n_id`` (original ids)
-    per node, seeds first; ``edge_index`` (neighbour → node) and the same
-    graph as a ``torch.sparse`` CSR ``adj_t``; ``batch_size``,
-    ``num_sampled_nodes``, ``num_sampled_edges``; and ``global_id``
-    (relabelled ids). Train a plain PyG model on it::
+    rows pulled from :class:`PartitionFeatureStore`. It is a
+    :class:`~pyg_dist.loader.TrainBatch` laid out as ``NeighborLoader``'s
+    batches: ``x``, ``y`` and ``n_id`` (original ids) per node, seeds first
+    (``targets``); ``edge_index`` (neighbour → node) and the same graph as a
+    ``torch.sparse`` CSR ``adj_t``; ``batch_size``, ``num_sampled_nodes``,
+    ``num_sampled_edges``; and ``global_id`` (relabelled ids). Train a plain PyG model on it::
 
         out = model(batch.x, batch.adj_t)[:batch.batch_size]
         loss = F.cross_entropy(out, batch.y[:batch.batch_size])
 
     With :obj:`num_workers` > 0, batches are sampled ahead by a
-    :class:`~pyg_dist.loader.pipeline.SamplerPool` of that many background
+    :class:`~pyg_dist.loader.neighbor.pipeline.SamplerPool` of that many background
     workers, each with its own gloo group, at an adaptive depth (see there);
     with 0 they are sampled when asked for. Either way a batch depends only
     on the seed, the epoch and its step, never on the timing.
@@ -73,6 +82,21 @@ class DistNeighborLoader:
     and cache hits since the last :meth:`reset_report`. Call :meth:`close`
     on every rank after the same number of batches.
     """
+
+    distributed = False
+    options = (
+        Option("fanout", [15, 10, 5], "neighbours sampled per hop, one per layer, -1 for "
+               "all (default 15,10,5)", _fanout),
+        Option("batch_size", 1024, "seed nodes per rank and step", int),
+        Option("workers", 0, "background workers sampling batches ahead of the trainer "
+               "(ByteGNN pipelining; 0: sample in the training loop)", int,
+               flag="--loader-workers", deprecated=("--sampler-workers", )),
+        Option("adaptive", True, "keep every worker busy instead of adapting how many "
+               "batches are sampled ahead", flag="--fixed-depth", switch=False),
+    )
+    refusal = ("loader 'neighbor' samples whole neighbourhoods from the owners: halo "
+               "samplers, caches, precompute_layer0, overlap and exchange_dtype do not "
+               "apply; its feature cache is 'degree' (hot remote rows)")
 
     def __init__(self, data: DistData, num_neighbors: List[int], batch_size: int = 1024,
                  input_nodes: Optional[Tensor] = None, shuffle: bool = True, seed: int = 0,
@@ -84,9 +108,9 @@ class DistNeighborLoader:
                              f"(got {batch_size}, {num_workers})")
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.device = device or data.x.device
-        self.sampler = DistNeighborSampler(data, num_neighbors, seed)
+        self.sampler = PartitionNeighborSampler(data, num_neighbors, seed)
         self.group = new_gloo_group()
-        self.store = DistFeatureStore(data, cache_capacity, self.group)
+        self.store = PartitionFeatureStore(data, cache_capacity, self.group)
         mask = data.train_mask if input_nodes is None else input_nodes
         owned = data.global_id[:data.num_inner][mask.to(data.global_id.device)].cpu()
         self.seeds, self.chunk_sizes = split_seeds(owned, self.group)
@@ -94,12 +118,39 @@ class DistNeighborLoader:
         self.local_seed_fraction = float(((self.seeds >= start) & (self.seeds < end))
                                          .double().mean()) if self.seeds.numel() else 1.0
         self.steps = max(-(-size // batch_size) for size in self.chunk_sizes)
+        self.num_seeds = sum(self.chunk_sizes)
         self.rank, self.epoch = data.rank, 0
         self.stats = CommStats()
         self.sample_idle = 0.0  # without workers: the time spent sampling
         self.groups = [new_gloo_group() for _ in range(num_workers)]
         self.adaptive = adaptive
         self.pool: Optional[SamplerPool] = None  # started by the first epoch
+
+    @classmethod
+    def check(cls, num_layers: Optional[int] = None, fanout: List[int] = (15, 10, 5),
+              batch_size: int = 1024, workers: int = 0, adaptive: bool = True) -> None:
+        if num_layers is not None and len(fanout) != num_layers:
+            raise ValueError(f"fanout has {len(fanout)} hops but the model has "
+                             f"{num_layers} layers: give one fan-out per layer")
+        PartitionNeighborSampler.check(list(fanout))
+        if batch_size < 1 or workers < 0:
+            raise ValueError(f"batch_size must be >= 1 and workers >= 0 "
+                             f"(got {batch_size}, {workers})")
+
+    @classmethod
+    def composes_with(cls, config) -> bool:
+        return (config.sampler == "full" and config.cache == "exact"
+                and not (config.precompute_layer0 or config.overlap)
+                and config.exchange_dtype == "fp32"
+                and config.feature_cache in (None, "degree"))
+
+    @classmethod
+    def from_inputs(cls, inputs: LoaderInputs, fanout: List[int] = (15, 10, 5),
+                    batch_size: int = 1024, workers: int = 0,
+                    adaptive: bool = True) -> "PartitionNeighborLoader":
+        return cls(inputs.data, list(fanout), batch_size, seed=inputs.seed,
+                   num_workers=workers, adaptive=adaptive, device=inputs.device,
+                   cache_capacity=inputs.feature_cache_capacity or 0)
 
     def __len__(self) -> int:
         return self.steps
@@ -113,25 +164,31 @@ class DistNeighborLoader:
     def _seeds_of(self, job: int) -> Tensor:
         epoch, step = divmod(job, self.steps)
         if self.shuffle:
-            g = torch.Generator().manual_seed(_mix(self.seed, epoch, self.rank))
+            g = torch.Generator().manual_seed(mix_seeds(self.seed, epoch, self.rank))
             order = torch.randperm(self.seeds.numel(), generator=g)
         else:
             order = torch.arange(self.seeds.numel())
         return self.seeds[order[step * self.batch_size:(step + 1) * self.batch_size]]
 
-    def _produce(self, job: int, worker: int) -> Tuple[Data, CommStats]:
+    def _produce(self, job: int, worker: int) -> Tuple[TrainBatch, CommStats]:
         group = self.groups[worker] if worker >= 0 else self.group
         stats = CommStats()
         seeds = self._seeds_of(job)
         sub = self.sampler.sample(seeds, job, group, stats)
-        rows = self.store.pull(sub.node, DistFeatureStore.KEYS, group, stats)
+        rows = self.store.pull(sub.node, PartitionFeatureStore.KEYS, group, stats)
         n = sub.node.numel()
-        batch = Data(x=rows["x"], y=rows["y"], n_id=rows["n_id"], global_id=sub.node,
-                     edge_index=sub.edge_index,
-                     adj_t=csr(sub.edge_index, None, n, n, rows["x"].dtype),
-                     batch_size=seeds.numel(), num_sampled_nodes=sub.num_sampled_nodes,
-                     num_sampled_edges=sub.num_sampled_edges)
-        batch.num_nodes = n
+        stats.count("seeds", seeds.numel())
+        seeds_of_step = self.global_batch_size(job % self.steps)
+        batch = TrainBatch(x=rows["x"], adj_t=csr(sub.edge_index, None, n, n, rows["x"].dtype),
+                           y=rows["y"], targets=torch.arange(n) < seeds.numel(),
+                           loss_count=max(seeds_of_step, 1),
+                           loss_weight=seeds_of_step / max(self.num_seeds, 1),
+                           halo_rows=int(stats.counts["cache_lookups"]
+                                         - stats.counts["cache_hits"]),
+                           edge_index=sub.edge_index, n_id=rows["n_id"],
+                           extra={"global_id": sub.node,
+                                  "num_sampled_nodes": sub.num_sampled_nodes,
+                                  "num_sampled_edges": sub.num_sampled_edges})
         if self.device.type == "cuda":  # page-locked: the trainer's copy runs async
             batch = batch.pin_memory()
         return batch, stats
@@ -145,7 +202,7 @@ class DistNeighborLoader:
             raise RuntimeError("load_state_dict before the first epoch")
         self.epoch = state["epoch"]
 
-    def __iter__(self) -> Iterator[Data]:
+    def __iter__(self) -> Iterator[TrainBatch]:
         first = self.epoch * self.steps
         self.epoch += 1
         if self.pool is None and self.groups:
@@ -163,6 +220,39 @@ class DistNeighborLoader:
                 self.sample_idle += time.perf_counter() - start
             self.stats.merge(stats)
             yield batch.to(self.device, non_blocking=True)
+
+    def reset_metrics(self) -> None:
+        self.reset_report()
+
+    def metrics(self) -> Tuple[Dict[str, float], Dict[str, float]]:
+        r"""Sums (bytes, cache counters when it caches, seeds, queue and
+        depth) and the trainer's idle time (as ``time_sample``)."""
+        report = self.report()
+        sums = {k: report[k] for k in ("bytes_sent", "bytes_recv", "feature_bytes",
+                                       "queue_len", "in_flight")}
+        if self.store.num_cached:
+            row_bytes = sum(t[0].numel() * t.element_size()
+                            for t in self.store.tensors.values())
+            sums.update(cache_hits=report["cache_hits"],
+                        cache_lookups=report["cache_lookups"],
+                        bytes_saved=report["cache_hits"] * row_bytes)
+        sums.update(seeds=self.stats.counts["seeds"],
+                    local_seed_fraction=self.local_seed_fraction)
+        return sums, {"time_sample": report["idle"]}
+
+    @staticmethod
+    def row_fields(sums: Dict[str, float], row: Dict[str, float],
+                   world: int) -> Dict[str, float]:
+        r"""The epoch row's sampling metrics from the summed :meth:`metrics`."""
+        step_time, idle = row["time"], row["time_sample"]
+        return {"seeds_per_s": sums["seeds"] / step_time, "trainer_idle": idle,
+                "trainer_idle_frac": idle / step_time, "queue_len": sums["queue_len"] / world,
+                "in_flight": sums["in_flight"] / world,
+                "feature_bytes": int(sums["feature_bytes"]),
+                "local_seed_fraction": sums["local_seed_fraction"] / world}
+
+    summary_keys = ("seeds_per_s", "trainer_idle", "trainer_idle_frac", "queue_len",
+                    "in_flight", "feature_bytes", "local_seed_fraction")
 
     def reset_report(self) -> None:
         self.stats.reset()

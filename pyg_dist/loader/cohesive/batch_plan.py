@@ -10,7 +10,7 @@ from torch import Tensor
 from pyg_dist.comm import HaloPlan
 from pyg_dist.comm.bitmask import tell_owners
 from pyg_dist.data import DistData
-from pyg_dist.metrics import CommStats
+from pyg_dist.comm.stats import CommStats
 
 
 class LayerSelection(NamedTuple):

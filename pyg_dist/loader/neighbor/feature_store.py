@@ -7,10 +7,10 @@ from torch import Tensor
 from pyg_dist.cache.feature import capacity_rows
 from pyg_dist.comm.request import OwnerRequest
 from pyg_dist.data import DistData
-from pyg_dist.metrics import CommStats
+from pyg_dist.comm.stats import CommStats
 from pyg_dist.partition.book import owner_of
 
-class DistFeatureStore:
+class PartitionFeatureStore:
     r"""Node data of the whole graph, each row stored once on its owner
     (DistDGL §4.1.3). :meth:`pull` returns the rows of any relabelled global
     ids: rows this rank owns are read from its partition directly, the others

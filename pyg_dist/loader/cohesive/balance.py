@@ -10,7 +10,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from pyg_dist.data import DistData
-from pyg_dist.loader.cost import HopGraph
+from pyg_dist.loader.cohesive.cost import HopGraph
 from pyg_dist.partition.book import read_meta
 from pyg_dist.partition.partition import build_parts
 

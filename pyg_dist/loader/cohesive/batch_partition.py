@@ -1,13 +1,14 @@
 r"""CM-GCN's cohesive mini-batches: training nodes split into :math:`M`
 batches minimising :math:`J(P) = \sum_B C(B)` (Eq. 14), the cost of the
-batches' K-hop computational graphs (:class:`~pyg_dist.loader.cost.HopGraph`)."""
+batches' K-hop computational graphs (:class:`~pyg_dist.loader.cohesive.cost.HopGraph`)."""
 from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from pyg_dist.loader.cost import HopGraph
-from pyg_dist.partition.metis import _gather_neighbours, metis_assignment
+from pyg_dist.loader.cohesive.cost import HopGraph
+from pyg_dist.partition.metis import metis_assignment
+from pyg_dist.utils import gather_neighbours
 
 
 def queyranne_bisection(graph: HopGraph, nodes: Tensor) -> Tuple[Tensor, float]:
@@ -124,7 +125,7 @@ class CoverCounts:
         balls = [torch.tensor([v])]
         for _ in range(self.cost.size(0) - 1):
             prev = balls[-1]
-            balls.append(torch.unique(torch.cat([prev, _gather_neighbours(
+            balls.append(torch.unique(torch.cat([prev, gather_neighbours(
                 self.rowptr, self.col, prev)])))
         return balls
 

@@ -1,21 +1,23 @@
 r"""``CohesiveBatchLoader``: CM-GCN's mini-batches over a partition."""
 import os.path as osp
 import shutil
-from typing import Callable, Dict, Iterator, List, NamedTuple, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from pyg_dist.comm import HaloPlan
+from pyg_dist.comm.stats import CommStats
 from pyg_dist.data import DistData
-from pyg_dist.loader.balance import BATCH_PARTS_DIR, load_batch_part
-from pyg_dist.loader.batch_partition import cohesive_batches
-from pyg_dist.loader.batch_plan import BatchGraph, batch_subgraph, sample_layers
-from pyg_dist.loader.cost import CostModel, HopGraph
-from pyg_dist.metrics import CommStats
 from pyg_dist.distributed import sum_over_ranks
 from pyg_dist.integrity import load_checked
+from pyg_dist.loader.base import Loader, LoaderInputs
+from pyg_dist.loader.batch import TrainBatch
+from pyg_dist.loader.cohesive.balance import (BATCH_PARTS_DIR, has_batch_parts,
+                                              load_batch_part)
+from pyg_dist.loader.cohesive.batch_partition import cohesive_batches
+from pyg_dist.loader.cohesive.batch_plan import BatchGraph, batch_subgraph, sample_layers
+from pyg_dist.loader.cohesive.cost import CostModel, HopGraph
 from pyg_dist.sampler import BoundarySampler
 
 BATCHES_FILE = "batches.pt"
@@ -71,20 +73,7 @@ def gather_cohesive_batches(data: DistData, num_batches: int, num_layers: int,
     return batch_of
 
 
-class Batch(NamedTuple):
-    r"""One mini-batch on this rank: its id, its computational graph as a
-    sub-partition (``data``, a :class:`~pyg_dist.DistData`) with its input
-    features ``x``, one plan per layer and the rows it trains on
-    (``targets``, a mask over ``data``'s inner rows). Run it as
-    ``with ctx.use(batch.plans): model(batch.x, batch.data.adj_t)``."""
-    index: int
-    x: Tensor
-    data: DistData
-    plans: List[HaloPlan]
-    targets: Tensor
-
-
-class CohesiveBatchLoader:
+class CohesiveBatchLoader(Loader):
     r"""Iterates over the mini-batches of an epoch on every rank in step:
     every training node is in exactly one batch, the batch order is
     shuffled per epoch from :obj:`seed` (the same on all ranks), and each
@@ -106,14 +95,21 @@ class CohesiveBatchLoader:
         seed: the shuffling seed.
         shuffle: shuffle the batch order per epoch.
         balanced_root: the partition directory holding balanced batch
-            parts (:func:`~pyg_dist.loader.balance.save_batch_parts`): each
+            parts (:func:`~pyg_dist.loader.cohesive.balance.save_batch_parts`): each
             batch then runs on its cost-balanced split over the ranks
             instead of on the nodes' owners (§III-B).
         sampler: builds a :class:`~pyg_dist.sampler.BoundarySampler` for a
             batch's partition (e.g. ``lambda data: BNSSampler(data, p=0.1)``);
             every time a batch runs, its layer plans are restricted to a
-            fresh draw (:func:`~pyg_dist.loader.batch_plan.sample_layers`).
+            fresh draw (:func:`~pyg_dist.loader.cohesive.batch_plan.sample_layers`).
     """
+
+    inductive = False
+    refusal = ("loader 'cohesive' runs mini-batches with fresh halo rows: caches, the vr "
+               "sampler (it learns per layer over the whole partition) and "
+               "precompute_layer0 do not combine with it")
+    refusal_inductive = ("inductive training runs with the full-graph or the neighbour "
+                         "loader (cohesive batches are made on the whole graph)")
 
     def __init__(self, data: DistData, batch_of: Optional[Tensor] = None,
                  num_layers: Optional[int] = None, seed: int = 0,
@@ -158,7 +154,19 @@ class CohesiveBatchLoader:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         return torch.randperm(self.num_batches, generator=g).tolist()
 
-    def batch(self, index: int) -> Batch:
+    @classmethod
+    def composes_with(cls, config) -> bool:
+        return (config.sampler != "vr" and config.cache == "exact"
+                and not config.feature_cache and not config.precompute_layer0)
+
+    @classmethod
+    def from_inputs(cls, inputs: LoaderInputs) -> "CohesiveBatchLoader":
+        root = inputs.root
+        return cls(inputs.data, load_batches(root), len(inputs.context.layer_index),
+                   seed=inputs.seed, stats=inputs.stats, sampler=inputs.make_sampler,
+                   balanced_root=root if has_batch_parts(root) else None)
+
+    def batch(self, index: int) -> TrainBatch:
         if index not in self._graphs:  # a collective: all ranks build it in step
             if self.balanced_root is None:
                 graph = batch_subgraph(self.data, self.batch_of == index, self.num_layers,
@@ -177,7 +185,14 @@ class CohesiveBatchLoader:
             if index not in self._samplers:
                 self._samplers[index] = self.sampler(graph.data)
             plans = sample_layers(plans, self._samplers[index].plan(self.iteration))
-        return Batch(index, x, graph.data, plans, graph.targets)
+        data = graph.data
+        targets = graph.targets & data.train_mask
+        return TrainBatch(x=x, adj_t=data.adj_t, y=data.y, targets=targets,
+                          loss_count=self.count(index, targets),
+                          loss_weight=1.0 / self.num_batches, plans=plans,
+                          halo_rows=plans[0].num_recv, edge_index=data.edge_index,
+                          data=data, n_id=data.n_id[:data.num_inner],
+                          extra={"index": index})
 
     def count(self, index: int, mask: Tensor) -> float:
         r"""The number of nodes of :obj:`mask` in batch :obj:`index` over all
@@ -192,11 +207,7 @@ class CohesiveBatchLoader:
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.iteration = state["epoch"], state["iteration"]
 
-    def close(self) -> None:
-        r"""Nothing runs in the background (same interface as
-        :class:`~pyg_dist.sampler.PlanPrefetcher`)."""
-
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Iterator[TrainBatch]:
         for index in self.order():
             yield self.batch(index)
             self.iteration += 1

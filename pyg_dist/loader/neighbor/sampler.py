@@ -8,9 +8,9 @@ from torch import Tensor
 
 from pyg_dist.comm.request import OwnerRequest
 from pyg_dist.data import DistData
-from pyg_dist.metrics import CommStats
+from pyg_dist.comm.stats import CommStats
 from pyg_dist.partition.book import owner_of
-from pyg_dist.sampler.base import _mix
+from pyg_dist.utils import mix_seeds
 
 
 def sample_neighbors(rowptr: Tensor, col: Tensor, targets: Tensor, num: int,
@@ -60,7 +60,7 @@ class SampledSubgraph(NamedTuple):
     num_sampled_edges: List[int]
 
 
-class DistNeighborSampler:
+class PartitionNeighborSampler:
     r"""Samples the :math:`K`-hop neighbourhood of seed nodes with a fan-out
     per hop (DistDGL §4.1.4; GraphSAGE's sampler). Hop :math:`\ell` samples
     the in-neighbours of the nodes hop :math:`\ell - 1` added (the seeds at
@@ -107,7 +107,7 @@ class DistNeighborSampler:
             request = OwnerRequest(node[frontier], owner_of(node[frontier], self.partptr),
                                    group, stats, "sample")
             generator = torch.Generator().manual_seed(
-                _mix(self.seed, key, hop, dist.get_rank(group)))
+                mix_seeds(self.seed, key, hop, dist.get_rank(group)))
             counts, values = sample_neighbors(self.rowptr, self.col,
                                               request.received - self.start, num, generator)
             counts, neighbours = request.reply_ragged(counts, values)

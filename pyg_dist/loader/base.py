@@ -1,0 +1,89 @@
+r"""``Loader``: what every training loader is, and what it is built from."""
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple, Union
+
+import torch
+
+from pyg_dist.comm.stats import CommStats
+from pyg_dist.data import DistData
+from pyg_dist.loader.batch import TrainBatch
+from pyg_dist.options import Option
+from pyg_dist.sampler import BoundarySampler
+
+
+@dataclass
+class LoaderInputs:
+    r"""What a run hands a loader: this rank's partition (:obj:`root` on
+    disk), the model's depth, the run's seed and device, the counters, and
+    for distributed loaders the model's
+    :class:`~pyg_dist.nn.HaloContext` and halo sampler (attached to it),
+    plus :obj:`make_sampler`, which builds the run's sampler for another
+    partition (``None``: the run exchanges every halo row)."""
+    root: str
+    data: DistData
+    num_layers: int
+    seed: int
+    device: torch.device
+    stats: CommStats
+    context: Any = None
+    sampler: Optional[BoundarySampler] = None
+    make_sampler: Optional[Callable[[DistData], BoundarySampler]] = None
+    feature_cache_capacity: Union[int, str, None] = None  # None: no feature cache
+
+
+class Loader:
+    r"""A training loader: per epoch, an iterable of
+    :class:`~pyg_dist.loader.TrainBatch` that every rank iterates in step.
+
+    A subclass declares :attr:`options` (its hyper-parameters), validates
+    them in :meth:`check`, says in :meth:`composes_with` which samplers,
+    caches and layer options it runs with (:attr:`refusal` says why not),
+    and builds itself in :meth:`from_inputs`. Registering it in
+    :data:`pyg_dist.loader.LOADERS` makes it a ``--loader`` choice with its
+    flags.
+    """
+    #: The model runs distributed layers on the batches' plans (else it is
+    #: a plain PyG model and the partition stays on the CPU for the loader).
+    distributed: bool = True
+    #: Trains on the train nodes' subgraph when the run is inductive.
+    inductive: bool = True
+    options: Tuple[Option, ...] = ()
+    refusal: str = ""  # why a run it does not compose with is refused
+    refusal_inductive: str = ""
+
+    @classmethod
+    def check(cls, num_layers: Optional[int] = None, **params: Any) -> None:
+        r"""Raises :class:`ValueError` for invalid hyper-parameters (for a
+        model of :obj:`num_layers` layers, when given)."""
+
+    @classmethod
+    def composes_with(cls, config: Any) -> bool:
+        r"""Whether a run's sampler, caches and layer options (attributes
+        of :obj:`config`, a :class:`~pyg_dist.config.TrainConfig`) run with
+        this loader."""
+        return True
+
+    @classmethod
+    def from_inputs(cls, inputs: LoaderInputs, **params: Any) -> "Loader":
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[TrainBatch]:
+        raise NotImplementedError
+
+    def metrics(self) -> Dict[str, float]:
+        r"""Sums over this epoch's steps that this loader adds to the
+        epoch's metrics row (reset by :meth:`reset_metrics`)."""
+        return {}
+
+    def reset_metrics(self) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        r"""Releases what runs in the background (every rank, after the
+        same number of batches)."""
