@@ -12,7 +12,7 @@ training step: forward, backward, gradient all-reduce and optimizer step):
    peers; the target is at most 1.15x of 1.),
 3. **pyg_dist with K partitions** (``--parts``, default ``1 2 4``): METIS
    partitions written to ``--workdir/parts{K}``, trained with
-   :func:`pyg_dist.cli.run_training` (one spawned process per partition).
+   :func:`pyg_dist.launch.run_training` (one spawned process per partition).
    Per-epoch rows are read back from ``--workdir/run{K}/metrics.jsonl``.
 
 Reported per configuration: epoch time (mean and median over the epochs
@@ -94,7 +94,7 @@ def run_single(data_dir: Optional[str], num_nodes: Optional[int],
 
 def run_dist(root: str, config: TrainConfig, out_dir: str,
              nproc: int) -> List[Dict[str, Any]]:
-    from pyg_dist.cli import run_training
+    from pyg_dist.launch import run_training
     if nproc == 1:  # runs in this process; spawned ranks set their own
         torch.set_num_threads(os.cpu_count() or 1)
     run_training(root, config, out_dir, nproc)

@@ -1,6 +1,10 @@
 r"""pyg_dist: partition-parallel full-graph training for PyTorch Geometric."""
 __version__ = "0.1.0"
 
+from pyg_dist import deprecation  # noqa: E402
+
+deprecation.install()  # old module paths keep working, with a warning
+
 from pyg_dist import nn  # noqa: E402
 from pyg_dist.data import DistData  # noqa: E402
 from pyg_dist.distributed import device, init, spawn  # noqa: E402

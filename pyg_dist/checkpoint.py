@@ -7,7 +7,7 @@ import os.path as osp
 import random
 import shutil
 import zlib
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 import torch
@@ -42,8 +42,10 @@ class Checkpointer:
     a corrupt one (flipped bytes) is refused by its checksum.
     """
 
-    def __init__(self, directory: str, every: int, identity: Dict[str, Any]) -> None:
+    def __init__(self, directory: str, every: int, identity: Dict[str, Any],
+                 upgrade: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None) -> None:
         self.directory, self.every, self.identity = directory, every, identity
+        self.upgrade = upgrade  # reads the identity an older release wrote
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
 
@@ -83,6 +85,8 @@ class Checkpointer:
                 meta = json.load(f)
         except (OSError, json.JSONDecodeError) as e:
             raise CheckpointError(f"Checkpoint index '{latest}' is corrupt: {e}") from e
+        if self.upgrade is not None:
+            meta = self.upgrade(meta)
         differ = {k: (meta.get(k), v) for k, v in self.identity.items() if meta.get(k) != v}
         if differ:
             lines = "; ".join(f"{k}: checkpoint {a!r}, this run {b!r}"

@@ -15,7 +15,7 @@ from pyg_dist.distributed import DEFAULT_TIMEOUT
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     from pyg_dist.comm.compress import CODECS
-    from pyg_dist.train import MODELS, TrainConfig
+    from pyg_dist.config import MODELS, TrainConfig
     d = TrainConfig()
     p.add_argument("--model", choices=sorted(MODELS), default=d.model)
     p.add_argument("--layers", type=int, default=d.num_layers, dest="num_layers")
@@ -35,22 +35,6 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                    help="seconds a rank waits for a peer before failing")
     p.add_argument("--exchange-dtype", choices=list(CODECS), default=d.exchange_dtype,
                    help="how halo rows and gradients travel (int8: per-row scale)")
-    p.add_argument("--loader", choices=["full", "cohesive", "neighbor"], default=d.loader,
-                   help="full-graph epochs, CM-GCN cohesive mini-batches (needs "
-                        "partition --num-batches) or DistDGL neighbour-sampled "
-                        "mini-batches")
-    g = p.add_argument_group("neighbour loader (--loader neighbor)")
-    g.add_argument("--fanout", type=_fanout, default=d.fanout,
-                   help="neighbours sampled per hop, one per layer, -1 for all "
-                        "(default 15,10,5)")
-    g.add_argument("--batch-size", type=int, default=d.batch_size,
-                   help="seed nodes per rank and step")
-    g.add_argument("--sampler-workers", type=int, default=d.sampler_workers,
-                   help="background workers sampling batches ahead of the trainer "
-                        "(ByteGNN pipelining; 0: sample in the training loop)")
-    g.add_argument("--fixed-depth", action="store_true",
-                   help="keep every worker busy instead of adapting how many batches "
-                        "are sampled ahead")
     p.add_argument("--inductive", action="store_true",
                    help="train on the train nodes' subgraph, evaluate on the whole graph "
                         "(needs partition --inductive)")
@@ -66,158 +50,127 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run already in --out (without it, or --resume, an "
                         "--out that holds a run is refused)")
-    _add_sampler_args(p)
-    _add_cache_args(p)
+    _add_component_args(p)
 
 
-def _fanout(text: str) -> List[int]:
-    try:
-        return [int(k) for k in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"fan-outs are integers separated by commas, "
-                                         f"e.g. 15,10,5 (got '{text}')")
+def _components():
+    r"""``(kind, flag, registry, options of a name, default)`` of the three
+    registered components whose flags the CLI builds."""
+    from pyg_dist.cache import CACHES, cache_options
+    from pyg_dist.loader import LOADERS, loader_options
+    from pyg_dist.sampler import SAMPLERS, sampler_options
+    return (("sampler", SAMPLERS, sampler_options, "full"),
+            ("cache", CACHES, cache_options, None),
+            ("loader", LOADERS, loader_options, "full"))
 
 
-def _add_cache_args(p: argparse.ArgumentParser) -> None:
-    from pyg_dist.cache import CACHES
+HELP = {
+    "sampler": "which halo rows each training iteration fetches (evaluation always "
+               "uses all)",
+    "cache": "how fresh halo rows are: exact (default), pipeline (PipeGCN/PSC: tau-stale, "
+             "overlapped) or historical (SANCUS); given a cache's flags, that cache",
+    "loader": "full-graph epochs, CM-GCN cohesive mini-batches (needs partition "
+              "--num-batches) or DistDGL neighbour-sampled mini-batches",
+}
+
+
+def _add_component_args(p: argparse.ArgumentParser) -> None:
+    r"""``--sampler``, ``--cache``, ``--loader`` and one flag per option of
+    every registered sampler, cache and loader (a new one needs no CLI
+    change), plus the layer options and the feature cache."""
     from pyg_dist.cache.feature import POLICIES
-    g = p.add_argument_group("halo caches")
-    g.add_argument("--cache", choices=list(CACHES), default=None,
-                   help="how fresh halo rows are: exact (default), pipeline "
-                        "(PipeGCN/PSC: tau-stale, overlapped) or historical (SANCUS)")
-    g.add_argument("--staleness", type=int, default=None,
-                   help="pipeline: exchanges in flight, tau (default 1)")
-    g.add_argument("--smooth-features", type=float, nargs="?", const=0.95, default=None,
-                   metavar="GAMMA", help="pipeline: smooth stale features (PipeGCN-F)")
-    g.add_argument("--smooth-grads", type=float, nargs="?", const=0.95, default=None,
-                   metavar="GAMMA", help="pipeline: smooth stale gradients (PipeGCN-G)")
-    g.add_argument("--bound", default=None,
-                   help="historical: fixed:E | adaptive:A | gap:H (default adaptive:1)")
-    g.add_argument("--feature-cache", choices=POLICIES, default=None,
-                   help="keep input features of halo nodes (PSC-GCN: inclusion; "
-                        "--loader neighbor: degree, the hottest remote rows)")
-    g.add_argument("--feature-cache-capacity", default="25%",
-                   help="rows, a share of halo rows (25%%) or a size (8MB)")
-    g.add_argument("--no-background-sampling", action="store_true",
-                   help="draw the plans of a pipelined cache in the training loop")
-
-
-def _cache_args(args: argparse.Namespace):
-    r"""``(cache, params)`` from the flags; the cache follows from its
-    parameters when ``--cache`` is not given (``--staleness 2``: pipeline)."""
-    pipeline = {k: getattr(args, k) for k in ("staleness", "smooth_features", "smooth_grads")
-                if getattr(args, k) is not None}
-    historical = {"bound": args.bound} if args.bound is not None else {}
-    cache = args.cache or ("pipeline" if pipeline else "historical" if historical
-                           else "exact")
-    given = {"pipeline": pipeline, "historical": historical, "exact": {}}
-    unused = [k for name, params in given.items() if name != cache for k in params]
-    if unused:
-        flags = ", ".join(f"--{u.replace('_', '-')}" for u in sorted(unused))
-        raise SystemExit(f"pyg-dist train: error: {flags} do(es) not apply to "
-                         f"--cache {cache}")
-    return cache, given[cache]
-
-
-def _add_sampler_args(p: argparse.ArgumentParser) -> None:
-    r"""``--sampler`` and one flag per sampler hyper-parameter, generated
-    from the registry (a new sampler needs no CLI change)."""
-    from pyg_dist.sampler import SAMPLERS, sampler_params
-    g = p.add_argument_group("halo sampling")
-    g.add_argument("--sampler", choices=list(SAMPLERS), default="full",
-                   help="which halo rows each training iteration fetches "
-                        "(evaluation always uses all)")
-    seen = {}
-    for name in SAMPLERS:
-        for param, default in sampler_params(name).items():
-            seen.setdefault(param, (default, []))[1].append(name)
-    for param, (default, users) in seen.items():
-        g.add_argument(f"--{param.replace('_', '-')}", type=type(default), default=None,
-                       help=f"{'/'.join(users)} (default {default})")
+    for kind, registry, options_of, default in _components():
+        g = p.add_argument_group(f"{kind}s")
+        g.add_argument(f"--{kind}", choices=list(registry), default=default, help=HELP[kind])
+        seen: dict = {}
+        for name in registry:
+            for option in options_of(name):
+                seen.setdefault(option.flags, (option, []))[1].append(name)
+        for flags, (option, users) in seen.items():
+            default_text = ",".join(map(str, option.default)) if isinstance(
+                option.default, list) else option.default
+            text = (f"{'/'.join(users)}" + (f": {option.help}" if option.help else "")
+                    + ("" if option.switch is not None else f" (default {default_text})"))
+            dest = f"{kind}.{option.name}"
+            if option.switch is not None:
+                g.add_argument(*flags, dest=dest, action="store_const", const=option.switch,
+                               default=None, help=text)
+            else:
+                g.add_argument(*flags, dest=dest, type=_parsed(option.type), default=None,
+                               help=text, metavar=option.name.upper(), **({"nargs": "?", "const": option.const}
+                                             if option.const is not None else {}))
+    g = p.add_argument_group("layers")
     g.add_argument("--precompute-layer0", action="store_true",
                    help="aggregate the raw features of layer 0 once (no layer-0 exchange)")
     g.add_argument("--overlap", action="store_true",
                    help="aggregate interior nodes while the halo rows travel (CM-GCN "
                         "asynchronous computation; exact)")
+    g.add_argument("--feature-cache", choices=POLICIES, default=None,
+                   help="keep input features of halo nodes (PSC-GCN: inclusion; "
+                        "--loader neighbor: degree, the hottest remote rows)")
+    g.add_argument("--feature-cache-capacity", default="25%",
+                   help="rows, a share of halo rows (25%%) or a size (8MB)")
 
 
-def _sampler_args(args: argparse.Namespace) -> dict:
-    from pyg_dist.sampler import SAMPLERS, sampler_params
-    given = {param: getattr(args, param) for name in SAMPLERS
-             for param in sampler_params(name) if getattr(args, param) is not None}
-    unused = set(given) - set(sampler_params(args.sampler))
-    if unused:
-        flags = ", ".join(f"--{u.replace('_', '-')}" for u in sorted(unused))
-        raise SystemExit(f"pyg-dist train: error: {flags} do(es) not apply to "
-                         f"--sampler {args.sampler}")
-    return given
+def _parsed(parse):
+    r"""An argparse type from :obj:`parse`, its error message kept."""
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    convert.__name__ = getattr(parse, "__name__", "value")
+    return convert
 
 
-def _config(args: argparse.Namespace):
-    from pyg_dist.train import TrainConfig
-    cache, cache_args = _cache_args(args)
+def _component_args(args: argparse.Namespace, argv: List[str]) -> dict:
+    r"""The chosen sampler, cache and loader with their parameters from
+    the flags; a flag the chosen one does not take is refused. The cache
+    follows from its flags when ``--cache`` is not given (``--staleness 2``:
+    pipeline). Deprecated flags warn."""
+    import warnings
+    out = {}
+    for kind, registry, options_of, default in _components():
+        given = {}  # name -> {param: value} of every component whose flags were given
+        for name in registry:
+            for option in options_of(name):
+                value = getattr(args, f"{kind}.{option.name}")
+                if value is not None:
+                    given.setdefault(name, {})[option.name] = value
+                for old in option.deprecated:
+                    if any(a == old or a.startswith(old + "=") for a in argv):
+                        warnings.warn(f"pyg_dist: {old} is deprecated; use {option.flags[0]}",
+                                      DeprecationWarning, stacklevel=2)
+        chosen = getattr(args, kind) or (next(iter(given)) if len(given) == 1
+                                         else next(iter(registry)))
+        takes = {o.name for o in options_of(chosen)}
+        unused = sorted({o.flags[0] for name, values in given.items()
+                         for o in options_of(name) if o.name in values} -
+                        {o.flags[0] for o in options_of(chosen)})
+        if unused:
+            raise SystemExit(f"pyg-dist train: error: {', '.join(unused)} do(es) not apply "
+                             f"to --{kind} {chosen}")
+        out[kind] = chosen
+        out[f"{kind}_args"] = {k: v for k, v in given.get(chosen, {}).items() if k in takes}
+    return out
+
+
+def _config(args: argparse.Namespace, argv: List[str]):
+    from pyg_dist.config import TrainConfig
     return TrainConfig(model=args.model, num_layers=args.num_layers, hidden=args.hidden,
                        heads=args.heads, dropout=args.dropout, lr=args.lr,
                        weight_decay=args.weight_decay, epochs=args.epochs,
                        seed=args.seed, eval_every=args.eval_every,
-                       progress=not args.no_progress, sampler=args.sampler,
-                       sampler_args=_sampler_args(args),
+                       progress=not args.no_progress,
+                       **_component_args(args, argv),
                        precompute_layer0=args.precompute_layer0,
-                       exchange_dtype=args.exchange_dtype, cache=cache,
-                       cache_args=cache_args, feature_cache=args.feature_cache,
+                       exchange_dtype=args.exchange_dtype,
+                       feature_cache=args.feature_cache,
                        feature_cache_capacity=args.feature_cache_capacity,
-                       background_sampling=not args.no_background_sampling,
-                       loader=args.loader, overlap=args.overlap, fanout=args.fanout,
-                       batch_size=args.batch_size, sampler_workers=args.sampler_workers,
-                       adaptive_depth=not args.fixed_depth, inductive=args.inductive,
+                       overlap=args.overlap, inductive=args.inductive,
                        checkpoint_every=args.checkpoint_every,
                        checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                        overwrite=args.overwrite)
-
-
-def run_training(root: str, config, out: Optional[str], nproc: Optional[int] = None,
-                 timeout: float = DEFAULT_TIMEOUT) -> dict:
-    r"""Trains under torchrun (environment present) or by spawning
-    :obj:`nproc` local ranks (default: one per partition)."""
-    from pyg_dist.train import train
-    config.validate()
-    return _run_ranks(train, (root, config, out), root, nproc, timeout)
-
-
-def _run_ranks(fn, fn_args: tuple, root: str, nproc: Optional[int], timeout: float):
-    r"""``fn(*fn_args)`` in every rank: in this process under torchrun
-    (environment present) or for a single rank, else in :obj:`nproc` spawned
-    local ranks (default: one per partition of :obj:`root`). Returns this
-    rank's result (spawned: rank 0's)."""
-    from pyg_dist.distributed import die_with_parent, rank_threads, spawn
-    from pyg_dist.partition.book import read_meta
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
-        die_with_parent(os.getppid())  # the agent: a killed torchrun leaves no rank
-        torch.set_num_threads(rank_threads(int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
-        return _in_group(fn, fn_args, timeout)
-    nproc = nproc or read_meta(root)["num_parts"]
-    if nproc == 1:
-        return _in_group(fn, fn_args, timeout)
-    return spawn(fn, nproc, fn_args, timeout=timeout)[0]
-
-
-def _in_group(fn, fn_args: tuple, timeout: float):
-    r"""Runs in this process' group and tears it down before the
-    interpreter exits (gloo's threads otherwise may abort the process)."""
-    import torch.distributed as dist
-    from pyg_dist.distributed import init, name_lost_ranks, stop_heartbeat, stop_on_sigterm
-    stop_on_sigterm(leave_ctrl_c_to_launcher="LOCAL_WORLD_SIZE" in os.environ)  # torchrun
-    init(timeout=timeout)
-    try:
-        return fn(*fn_args)
-    except BaseException as e:
-        named = name_lost_ranks(e)
-        if named is e:
-            raise
-        raise named from e
-    finally:
-        stop_heartbeat()
-        dist.destroy_process_group()
 
 
 def _load_dataset(args: argparse.Namespace):
@@ -274,36 +227,17 @@ def cmd_partition(args: argparse.Namespace) -> None:
 def _write_batches(data, args: argparse.Namespace, book) -> None:
     r"""CM-GCN's cohesive mini-batches of the training nodes, saved next to
     the partitions for ``pyg-dist train --loader cohesive``."""
-    import torch
-    from pyg_dist.loader import CostModel, HopGraph, cohesive_batches, random_batches
-    from pyg_dist.loader import save_batches
-    nodes = data.train_mask.nonzero().view(-1)
-    num_classes = int(data.y.max()) + 1
-    cost = CostModel(dims=[data.num_features] + [64] * (args.batch_layers - 1)
-                     + [num_classes])
-    graph = HopGraph(data.edge_index, data.num_nodes, cost)
-    assignment = cohesive_batches(graph, data.edge_index, nodes, args.num_batches,
-                                  seed=args.seed)
-    batch_of = torch.full((data.num_nodes, ), -1, dtype=torch.long)
-    batch_of[nodes] = assignment
-    path = save_batches(args.root, batch_of)
-    j = graph.partition_cost(assignment, nodes)
-    rand = random_batches(nodes.numel(), args.num_batches, args.seed)
-    j_random = graph.partition_cost(rand, nodes)
-    print(f"wrote {args.num_batches} cohesive batches to {path}: J(P) = {j:.4g}, "
-          f"{100 * (1 - j / j_random):.1f}% below random batches")
-    from pyg_dist.loader.cohesive.cost import imbalance, rank_costs
-    part_of = book.owner(book.inv_perm)  # original id -> part
-    worst = [max(imbalance(rank_costs(graph, nodes[a == b], part_of, args.num_parts))
-                 for b in range(args.num_batches)) for a in (assignment, rand)]
-    print(f"per-rank cost of a batch: at most {worst[0]:.2f}x the mean over ranks "
-          f"(random batches: {worst[1]:.2f}x)")
+    from pyg_dist.loader.cohesive.prepare import write_batches
+    report = write_batches(data, args.root, book, args.num_batches, args.batch_layers,
+                           seed=args.seed, balance=args.balance_batches)
+    print(f"wrote {args.num_batches} cohesive batches to {report['path']}: "
+          f"J(P) = {report['j']:.4g}, {100 * (1 - report['j'] / report['j_random']):.1f}% "
+          f"below random batches")
+    print(f"per-rank cost of a batch: at most {report['imbalance']:.2f}x the mean over "
+          f"ranks (random batches: {report['imbalance_random']:.2f}x)")
     if args.balance_batches:
-        from pyg_dist.loader.cohesive.balance import save_batch_parts
-        loads = save_batch_parts(args.root, data, graph, batch_of, part_of, args.num_parts,
-                                 book.meta["graph_hash"])
         print(f"balanced batch parts: per-rank cost of a batch at most "
-              f"{max(imbalance(load) for load in loads):.2f}x the mean over ranks")
+              f"{report['imbalance_balanced']:.2f}x the mean over ranks")
 
 
 def cmd_info(args: argparse.Namespace) -> None:
@@ -331,7 +265,9 @@ def _positive(kind, name: str):
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    summary = run_training(args.root, _config(args), args.out, args.nproc, args.timeout)
+    from pyg_dist.launch import run_training
+    summary = run_training(args.root, _config(args, args.argv), args.out, args.nproc,
+                           args.timeout)
     if int(os.environ.get("RANK", 0)) == 0:
         print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=1))
         if args.out and not args.no_plots:
@@ -346,9 +282,10 @@ def cmd_plot(args: argparse.Namespace) -> None:
 
 def cmd_predict(args: argparse.Namespace) -> None:
     from pyg_dist.inference import predict
+    from pyg_dist.launch import run_ranks
     from pyg_dist.train import load_model
     model = load_model(args.model_dir)
-    _run_ranks(functools.partial(predict, progress=True), (model, args.root, args.out),
+    run_ranks(functools.partial(predict, progress=True), (model, args.root, args.out),
                args.root, None, args.timeout)
     if int(os.environ.get("RANK", 0)) == 0:
         print(f"wrote per-rank predictions (n_id, pred) to {args.out}/pred_*.pt")
@@ -417,11 +354,21 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.set_defaults(fn=cmd_demo)
 
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args.fn(args)
     except (ValueError, RuntimeError, FileNotFoundError, NotImplementedError) as e:
         print(f"pyg-dist {args.command}: error: {e}", file=sys.stderr)
         sys.exit(1)
+
+
+def __getattr__(name: str):
+    if name == "run_training":  # moved to pyg_dist.launch
+        from pyg_dist.deprecation import warn_moved
+        from pyg_dist.launch import run_training
+        warn_moved("pyg_dist.cli.run_training", "pyg_dist.launch.run_training")
+        return run_training
+    raise AttributeError(f"module '{__name__}' has no attribute '{name}'")
 
 
 if __name__ == "__main__":

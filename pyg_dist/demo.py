@@ -4,7 +4,8 @@ import os.path as osp
 import time
 from typing import Optional
 
-from pyg_dist.train import TrainConfig, train_single_process
+from pyg_dist.config import TrainConfig
+from pyg_dist.train import train_single_process
 
 
 def demo(workdir: str = "runs/demo", nproc: int = 4, epochs: int = 30,
@@ -13,8 +14,8 @@ def demo(workdir: str = "runs/demo", nproc: int = 4, epochs: int = 30,
     :obj:`nproc` METIS parts, trains a 3-layer GraphSAGE with :obj:`nproc`
     processes, trains the same model in single-process PyG, and prints both
     side by side."""
-    from pyg_dist.cli import run_training
     from pyg_dist.datasets import load_default
+    from pyg_dist.launch import run_training
     from pyg_dist.partition import partition_graph
 
     kwargs = {"num_nodes": num_nodes} if num_nodes else {}

@@ -1,6 +1,17 @@
-"""Peak memory per rank (and, below, the epoch metrics of a run)."""
+"""What a run measures per epoch: peak memory per rank, the counters every
+rank sums or maximises (by name), accuracies, and the files they go to."""
+import json
+import os
+import os.path as osp
 import resource
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
 import torch
+from torch import Tensor
+
+from pyg_dist.datasets.real import f1_counts
+from pyg_dist.deprecation import renamed
+from pyg_dist.distributed import gather_over_ranks, max_over_ranks, sum_over_ranks
 
 
 def reset_peak_memory(device: torch.device = torch.device("cpu")) -> None:
@@ -32,3 +43,139 @@ def peak_memory_bytes(device: torch.device = torch.device("cpu")) -> int:
     except OSError:
         pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+MASKS = ("train", "val", "test")
+# The per-epoch counters every run sums over its ranks (missing ones are 0).
+SUMMED = ("loss", "bytes_sent", "bytes_recv", "halo_rows", "halo_rows_total", "cache_hits",
+          "cache_lookups", "bytes_saved")
+# ...and those of which it takes the largest over its ranks.
+MAXED = ("time", "time_comm", "time_reduce", "time_sample", "stop")
+
+
+def reduce_over_ranks(sums: Dict[str, float], maxes: Dict[str, float],
+                      device: torch.device) -> Tuple[Dict[str, float], Dict[str, float]]:
+    r"""Named values summed and maximised over the ranks (two all-reduces
+    in all; the names are the same on every rank)."""
+    out = []
+    for values, reduce in ((sums, sum_over_ranks), (maxes, max_over_ranks)):
+        names = sorted(values)
+        total = reduce(torch.tensor([float(values[k]) for k in names], dtype=torch.double,
+                                    device=device))
+        out.append(dict(zip(names, total.tolist())))
+    return out[0], out[1]
+
+
+def correct_counts(out: Tensor, data) -> Dict[str, float]:
+    r"""Per mask, a numerator and a denominator to sum over ranks: correct
+    and all nodes (accuracy), or for multi-label :math:`2TP` and
+    :math:`2TP + FP + FN` (micro-F1)."""
+    counts = {}
+    for m in MASKS:
+        mask = data[f"{m}_mask"]
+        if data.y.dim() > 1:
+            tp, fp, fn = f1_counts(out[mask], data.y[mask])
+            counts[f"{m}_hit"], counts[f"{m}_of"] = 2 * tp, 2 * tp + fp + fn
+        else:
+            counts[f"{m}_hit"] = (out[mask].argmax(-1) == data.y[mask]).sum()
+            counts[f"{m}_of"] = mask.sum()
+    return {k: float(v) for k, v in counts.items()}
+
+
+def accuracies(counts: Optional[Dict[str, float]]) -> Dict[str, Optional[float]]:
+    r"""``{train,val,test}_acc`` from summed :func:`correct_counts`
+    (``None`` in an epoch without evaluation)."""
+    if counts is None or f"{MASKS[0]}_hit" not in counts:
+        return dict.fromkeys(f"{m}_acc" for m in MASKS)
+    return {f"{m}_acc": counts[f"{m}_hit"] / max(counts[f"{m}_of"], 1.0) for m in MASKS}
+
+
+def peak_memory_metrics(peak: int, device) -> Dict[str, Any]:
+    r"""``peak_mem_bytes`` (max), ``peak_mem_bytes_mean`` and
+    ``peak_mem_per_rank`` from every rank's :obj:`peak` (one all-gather)."""
+    per_rank = [int(v) for v in gather_over_ranks(peak, device)]
+    return {"peak_mem_bytes": max(per_rank),
+            "peak_mem_bytes_mean": int(sum(per_rank) / len(per_rank)),
+            "peak_mem_per_rank": per_rank}
+
+
+def epoch_row(epoch: int, sums: Dict[str, float], maxes: Dict[str, float], peak: int,
+              device, world: int) -> Dict[str, Any]:
+    r"""An epoch's metrics row from its reduced counters."""
+    row: Dict[str, Any] = {"epoch": epoch, "loss": sums["loss"], **accuracies(sums)}
+    row.update(time=maxes["time"], time_comm=maxes["time_comm"],
+               time_reduce=maxes["time_reduce"], time_sample=maxes["time_sample"],
+               time_compute=(maxes["time"] - maxes["time_comm"] - maxes["time_reduce"]
+                             - maxes["time_sample"]),
+               bytes_sent=int(sums["bytes_sent"]), bytes_recv=int(sums["bytes_recv"]),
+               halo_rows=int(sums["halo_rows"]), halo_rows_total=int(sums["halo_rows_total"]),
+               **peak_memory_metrics(peak, device),
+               cache_hit_rate=(sums["cache_hits"] / sums["cache_lookups"]
+                               if sums["cache_lookups"] > 0 else None),
+               bytes_saved=int(sums["bytes_saved"]), world_size=world)
+    return row
+
+
+def summarize(history: List[Dict[str, Any]], config: Dict[str, Any], world: int,
+              extra_keys: Sequence[str] = ()) -> Dict[str, Any]:
+    r"""Final accuracies and the mean epoch time over epochs after the first
+    (which pays one-off costs such as building caches); :obj:`extra_keys`:
+    more row fields to average (a loader's)."""
+    timed = history[1:] or history
+    mean = lambda k: sum(r[k] for r in timed) / len(timed)  # noqa: E731
+    last = history[-1]
+    evaluated = [r for r in history if r["val_acc"] is not None]
+    best = max(evaluated, key=lambda r: r["val_acc"]) if evaluated else last
+    summary = {
+        "world_size": world, "epochs": len(history), "config": config,
+        "final_loss": last["loss"], "train_acc": last["train_acc"],
+        "val_acc": last["val_acc"], "test_acc": last["test_acc"],
+        "best_val_acc": best["val_acc"], "test_acc_at_best_val": best["test_acc"],
+        "epoch_time": mean("time"), "time_compute": mean("time_compute"),
+        "time_comm": mean("time_comm"), "time_reduce": mean("time_reduce"),
+        "time_sample": mean("time_sample"),
+        "bytes_sent_per_epoch": mean("bytes_sent"),
+        "bytes_saved_per_epoch": mean("bytes_saved"),
+        "cache_hit_rate": _mean_of_known([r.get("cache_hit_rate") for r in timed]),
+        "halo_rows_per_epoch": mean("halo_rows"),
+        "halo_rows_total": last["halo_rows_total"],
+        "peak_mem_bytes": max(r["peak_mem_bytes"] for r in history),
+        "peak_mem_bytes_mean": max(r["peak_mem_bytes_mean"] for r in history),
+    }
+    summary.update({k: mean(k) for k in extra_keys})
+    return summary
+
+
+def _mean_of_known(values: List[Optional[float]]) -> Optional[float]:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+class MetricsWriter:
+    r"""Writes ``metrics.jsonl``, ``summary.json``, ``model.pt`` and
+    ``model.json`` (how to rebuild the model) into an output directory."""
+
+    def __init__(self, out_dir: str, history: Sequence[Dict[str, Any]] = ()) -> None:
+        os.makedirs(out_dir, exist_ok=True)
+        self.out_dir = out_dir
+        self.file = open(osp.join(out_dir, "metrics.jsonl"), "w")
+        for row in history:  # a resumed run: the epochs before its checkpoint
+            self.epoch(row)
+
+    def epoch(self, row: Dict[str, Any]) -> None:
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+
+    def finish(self, summary: Dict[str, Any], model: torch.nn.Module,
+               in_channels: int, out_channels: int) -> None:
+        self.file.close()
+        with open(osp.join(self.out_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+        torch.save(model.state_dict(), osp.join(self.out_dir, "model.pt"))
+        with open(osp.join(self.out_dir, "model.json"), "w") as f:
+            json.dump({"config": summary["config"], "in_channels": in_channels,
+                       "out_channels": out_channels}, f, indent=1)
+
+
+# Moved down to the communication layer (one release of warnings).
+__getattr__ = renamed(__name__, {"CommStats": ("pyg_dist.comm.stats", "CommStats")})

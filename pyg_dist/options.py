@@ -20,6 +20,8 @@ class Option:
         switch: the flag takes no argument and sets this value
             (``--fixed-depth`` sets ``adaptive=False``).
         deprecated: older flags that still work, with a warning.
+        run_control: changes how a run executes, not what it computes (a
+            resumed run may change it).
     """
     name: str
     default: Any
@@ -29,6 +31,7 @@ class Option:
     const: Any = None
     switch: Any = None
     deprecated: Tuple[str, ...] = ()
+    run_control: bool = False
 
     @property
     def flags(self) -> Tuple[str, ...]:

@@ -312,8 +312,8 @@ def pipeline_exception_checks(root: str):
 def prefetch_checks(root: str, iterations: int = 6, lookahead: int = 2):
     r"""Plans drawn ahead in a background thread (their collectives on a
     group of their own) against the same sampler called in order."""
-    from pyg_dist.metrics import CommStats
-    from pyg_dist.sampler import PlanPrefetcher
+    from pyg_dist.comm.stats import CommStats
+    from pyg_dist.loader import PlanPrefetcher
     part = pyg_dist.DistData.load(root, dist.get_rank())
     out = {}
     for name, params in (("bns", {"p": 0.3}), ("vr", {"rate": 0.3})):

@@ -13,7 +13,7 @@ def _batches(loader, epochs):
     out = []
     for _ in range(epochs):
         for batch in loader:
-            out.append({k: batch[k].clone() for k in ("n_id", "edge_index", "x", "y")}
+            out.append({k: getattr(batch, k).clone() for k in ("n_id", "edge_index", "x", "y")}
                        | {"batch_size": batch.batch_size,
                           "num_sampled_nodes": batch.num_sampled_nodes,
                           "num_sampled_edges": batch.num_sampled_edges})

@@ -22,8 +22,8 @@ CONFIGS = {
                                     cache_args={"smooth_features": 0.9, "smooth_grads": 0.9}),
     "historical": dataclasses.replace(BASE, cache="historical",
                                       cache_args={"bound": "adaptive:2"}),
-    "neighbor": dataclasses.replace(BASE, loader="neighbor", fanout=[3, 3, 3], batch_size=40,
-                                    sampler_workers=1),
+    "neighbor": dataclasses.replace(BASE, loader="neighbor", loader_args={
+        "fanout": [3, 3, 3], "batch_size": 40, "workers": 1}),
 }
 
 

@@ -45,6 +45,6 @@ def test_neighbor_loader_batches_reach_the_gpu(graph, tmp_path):
     r"""Batches are sampled on the CPU (gloo side groups beside the NCCL
     world), pinned and copied to the GPU; with every neighbour taken the
     run equals full-graph PyG."""
-    config = dataclasses.replace(CONFIG, loader="neighbor", fanout=[-1, -1],
-                                 batch_size=10_000, sampler_workers=1)
+    config = dataclasses.replace(CONFIG, loader="neighbor", loader_args={
+        "fanout": [-1, -1], "batch_size": 10_000, "workers": 1})
     _check(graph, tmp_path, 1, config)

@@ -1,6 +1,6 @@
 """``HaloPlan``: which rows travel in one iteration's halo exchanges, and the
 local graph the layers aggregate over with them."""
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -286,3 +286,6 @@ class HaloPlan:
 
 def _counts(owner: Tensor, num_parts: int) -> List[int]:
     return torch.bincount(owner, minlength=num_parts).tolist()
+
+
+Plans = Union[HaloPlan, Sequence[HaloPlan]]  # one plan for every layer, or one per layer

@@ -70,13 +70,24 @@ class Loader:
     def __iter__(self) -> Iterator[TrainBatch]:
         raise NotImplementedError
 
-    def metrics(self) -> Dict[str, float]:
-        r"""Sums over this epoch's steps that this loader adds to the
-        epoch's metrics row (reset by :meth:`reset_metrics`)."""
-        return {}
+    #: Fields of :meth:`row_fields` that a run's summary averages.
+    summary_keys: Tuple[str, ...] = ()
+
+    def metrics(self) -> Tuple[Dict[str, float], Dict[str, float]]:
+        r"""This epoch's counters of the loader's own work (since
+        :meth:`reset_metrics`): ``(sums, maxes)``, added to the run's
+        counters of the same name before they are summed, respectively
+        maximised, over the ranks (e.g. ``bytes_sent``, ``time_sample``)."""
+        return {}, {}
 
     def reset_metrics(self) -> None:
         pass
+
+    def row_fields(self, sums: Dict[str, float], row: Dict[str, Any],
+                   world: int) -> Dict[str, Any]:
+        r"""Fields the loader adds to an epoch's metrics :obj:`row` from
+        the counters summed over the ranks."""
+        return {}
 
     def state_dict(self) -> dict:
         return {}

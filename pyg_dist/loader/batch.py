@@ -1,14 +1,12 @@
 r"""``TrainBatch``: what one training step consumes, whichever loader made it."""
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from pyg_dist.comm import HaloPlan
+from pyg_dist.comm.plan import Plans
 from pyg_dist.data import DistData
-
-Plans = Union[HaloPlan, Sequence[HaloPlan]]  # one plan for every layer, or one per layer
 
 
 @dataclass

@@ -119,9 +119,10 @@ class FullGraphLoader(Loader):
         stats: counts the sampler's bytes and times the drawing
             (``sample``; its own collectives count as ``comm``).
     """
-    options = (Option("background", True, "draw the plans of a pipelined cache in a "
-                      "background thread (CPU)", flag="--no-background-sampling",
-                      switch=False), )
+    options = (Option("background", True, "draw the plans of a pipelined cache in the "
+                      "training loop (default: in a background thread, on CPU)",
+                      flag="--no-background-sampling",
+                      switch=False, run_control=True), )
 
     def __init__(self, data: DistData, sampler: BoundarySampler, lookahead: int = 0,
                  background: bool = False, stats: Optional[CommStats] = None) -> None:

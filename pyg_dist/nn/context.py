@@ -1,8 +1,7 @@
 """``HaloContext``: what every distributed layer of a model shares — the
 partition, the current halo plan, the process group and the counters."""
 from contextlib import contextmanager
-from typing import (Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple,
-                    Union)
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -13,25 +12,11 @@ from pyg_dist.cache import ExactCache, FeatureCache, HaloCache
 from pyg_dist.comm import HaloPlan, halo_exchange
 from pyg_dist.comm.compress import get_codec
 from pyg_dist.comm.exchange import start_halo_exchange
-from pyg_dist.utils import csr
-from pyg_dist.data import DistData
+from pyg_dist.comm.plan import Plans
 from pyg_dist.comm.stats import CommStats
+from pyg_dist.data import DistData
 
 Observer = Callable[[str, Tensor, HaloPlan], None]
-Plans = Union[HaloPlan, Sequence[HaloPlan]]  # one plan, or one per layer
-
-
-class GCNNorm(NamedTuple):
-    r"""GCN-normalised edges of the partition's graph plus self-loops, sorted
-    by (target, source); ``edge_id`` is ``-1`` for the added self-loops and
-    ``position[e]`` is where partition edge ``e`` went."""
-    src: Tensor
-    dst: Tensor
-    weight: Tensor
-    edge_id: Tensor
-    adj_t: Optional[Tensor]
-    position: Optional[Tensor]
-    deg: Tensor  # of the partition's inner and halo nodes
 
 
 class HaloContext:
@@ -69,8 +54,14 @@ class HaloContext:
         self._layer = 0
         self.stats = stats if stats is not None else CommStats()
         self.observers: List[Observer] = []
-        self._gcn_cache: Dict[tuple, GCNNorm] = {}
-        self._precomputed: Dict[str, Tuple[Tensor, int, Tensor]] = {}
+        self._input_features: Optional[bool] = None  # declared by use()
+        # The tensor the model's forward was called with, and whether it is
+        # data.x (decided once per forward; see is_input_features).
+        self._model_input: Optional[Tensor] = None
+        self._model_input_is_features: Optional[bool] = None
+        # What layers compute once per context (e.g. GCN's whole-graph degrees).
+        self.memo: Dict[str, Any] = {}
+        self._precomputed: Dict[str, Tuple[int, Tensor]] = {}
         self.exact_cache = ExactCache()
         self.cache = cache if cache is not None else self.exact_cache
         self.feature_cache = feature_cache
@@ -90,22 +81,27 @@ class HaloContext:
         return self.plan.num_inner
 
     @contextmanager
-    def use(self, plan: Plans, upcoming: Sequence[Plans] = ()) -> Iterator[Plans]:
+    def use(self, plan: Plans, upcoming: Sequence[Plans] = (),
+            input_features: Optional[bool] = None) -> Iterator[Plans]:
         r"""Runs the layers on :obj:`plan` inside the block: one
         :class:`~pyg_dist.comm.HaloPlan` for every layer, or a sequence of
         them, one per distributed layer in model order (e.g. a mini-batch's
         layer-wise computational graph). :obj:`upcoming` are the plans of the
-        next iterations, for caches that exchange ahead."""
+        next iterations, for caches that exchange ahead.
+        :obj:`input_features` says whether the first layer's input is the
+        partition's input features ``data.x`` (see
+        :meth:`is_input_features`)."""
         if not isinstance(plan, HaloPlan) and self.layer_index \
                 and len(plan) != len(self.layer_index):
             raise ValueError(f"Got {len(plan)} layer plans for a model with "
                              f"{len(self.layer_index)} distributed layers")
-        previous = self._plans, self._upcoming
+        previous = self._plans, self._upcoming, self._input_features
         self._plans, self._upcoming = plan, list(upcoming)
+        self._input_features = input_features
         try:
             yield plan
         finally:
-            self._plans, self._upcoming = previous
+            self._plans, self._upcoming, self._input_features = previous
 
     def enter(self, key: str) -> None:
         r"""Called by a distributed layer when it starts: selects its plan."""
@@ -129,12 +125,38 @@ class HaloContext:
         a pass without autograd (evaluation, inference) is exact."""
         return self.cache if torch.is_grad_enabled() else self.exact_cache
 
+    def begin_pass(self, x: Any) -> None:
+        r"""Called when the distributed model's forward starts, with its
+        first argument."""
+        self._model_input = x if isinstance(x, Tensor) else None
+        self._model_input_is_features = self._input_features
+
+    def end_pass(self) -> None:
+        self._model_input = self._model_input_is_features = None
+
+    def is_input_features(self, x: Tensor) -> bool:
+        r"""Whether :obj:`x`, a layer's input, is the partition's input
+        features ``data.x``: the feature cache and the layer-0 precompute
+        apply to them only. It must be the tensor the model was called
+        with (not a transform of it), and that tensor is the features as
+        :meth:`use` declared (a loader's batch says so), or, with nothing
+        declared, by value: ``data.x`` or a copy of it such as
+        ``data.x.to(device)``, compared once per forward."""
+        if x is not self._model_input or x.shape != self.data.x.shape:
+            return False
+        if self._model_input_is_features is None:
+            features = self.data.x
+            self._model_input_is_features = x is features or (
+                x.dtype == features.dtype and x.device == features.device
+                and bool(torch.equal(x, features)))
+        return self._model_input_is_features
+
     def exchanges_raw(self, x: Tensor) -> bool:
         r"""Whether a layer given :obj:`x` should exchange it before any
         transform: it is the input features and a feature cache holds them,
         or it comes out of a dropout that a stale cache moves after the
         exchange."""
-        return ((self.feature_cache is not None and x is self.data.x)
+        return ((self.feature_cache is not None and self.is_input_features(x))
                 or (self.active_cache.stale and hasattr(x, "_dist_dropout")))
 
     def fetch(self, key: str, x: Tensor, exact: bool = False) -> Tensor:
@@ -144,7 +166,7 @@ class HaloContext:
         if exact:
             return halo_exchange(x, self.plan, self.group, self.stats, key)
         cache = self.active_cache
-        if self.feature_cache is not None and x is self.data.x:
+        if self.feature_cache is not None and self.is_input_features(x):
             return self.feature_cache.serve(key, x, self.plan, self.upcoming, cache)
         if cache.stale and hasattr(x, "_dist_dropout"):
             # Dropout after the exchange: the rows travel undropped and are
@@ -194,7 +216,7 @@ class HaloContext:
         return (self.overlap and isinstance(adj, Tensor) and adj.layout == torch.sparse_csr
                 and not self.plan.skip_exchange and self.world_size > 1
                 and not self.active_cache.stale
-                and not (self.feature_cache is not None and x is self.data.x))
+                and not (self.feature_cache is not None and self.is_input_features(x)))
 
     def _check_rows(self, key: str, x: Tensor) -> None:
         if x.size(0) != self.num_inner:
@@ -210,16 +232,17 @@ class HaloContext:
                 for observe in self.observers:
                     observe(key, x_src, self.plan)
 
-    def precompute(self, key: str, x: Tensor, compute: Callable[[], Tensor]) -> Tensor:
-        r"""``compute()`` on the exact plan without autograd, cached while
-        :obj:`x` is the same unmodified tensor: a layer whose aggregation of
-        the fixed input features involves no parameter needs it only once."""
+    def precompute(self, key: str, compute: Callable[[], Tensor]) -> Tensor:
+        r"""``compute()`` on the exact plan without autograd, for a layer
+        given the input features (:meth:`is_input_features`), cached while
+        ``data.x`` is unmodified: a layer whose aggregation of the fixed
+        input features involves no parameter needs it only once."""
         hit = self._precomputed.get(key)
-        if hit is None or hit[0] is not x or hit[1] != x._version:
+        if hit is None or hit[0] != self.data.x._version:
             with torch.no_grad(), self.use(self.full_plan):
-                hit = (x, x._version, compute())
+                hit = (self.data.x._version, compute())
             self._precomputed[key] = hit
-        return hit[2]
+        return hit[1]
 
     def is_local_graph(self, edge_index) -> bool:
         # The rank's partition, or the sub-partition the plan is on (a batch's).
@@ -238,7 +261,7 @@ class HaloContext:
                                  "(cached=True): use cached=False with a sampler")
             return edge_index
         if not self.is_local_graph(edge_index):
-            self._require_exact_plan()
+            self.require_exact_plan()
             return edge_index
         return self.plan.adjacency(aggr, fused)
 
@@ -256,119 +279,7 @@ class HaloContext:
         edge_weight = self.plan.edges(edge_weight)
         return adj, edge_weight if scale is None else edge_weight * scale
 
-    def _require_exact_plan(self) -> None:
+    def require_exact_plan(self) -> None:
         if not self.plan.is_exact:
             raise ValueError("A sampled halo plan applies to the partition's own graph "
                              "only: pass data.edge_index or data.adj_t")
-
-    def gcn_norm(self, edge_index, edge_weight: Optional[Tensor], improved: bool,
-                 add_self_loops: bool, dtype: torch.dtype):
-        r"""GCN's symmetric normalisation with degrees of the *whole* graph:
-        :math:`w_{ji} / \sqrt{\hat d_j \hat d_i}` with
-        :math:`\hat d_i = \sum_{j \in \mathcal N(i) \cup \{i\}} w_{ji}`,
-        restricted to the plan's edges and multiplied by their sampling
-        scale (the normalisation stays the exact graph's).
-
-        An inner node's in-edges all live on its owner, so each rank computes
-        its inner degrees and one tiny halo exchange brings the halo degrees.
-        For the partition's own graph the result is a weighted CSR ``adj_t``
-        (fused path), cached per plan; it returns ``(adj, edge_weight)``.
-        """
-        if not self.is_local_graph(edge_index):
-            self._require_exact_plan()
-            if not isinstance(edge_index, Tensor) or edge_index.layout != torch.strided:
-                raise NotImplementedError("Distributed GCNConv takes the partition's "
-                                          "adjacency or a local bipartite edge_index")
-            norm = self._normalise(self.data, edge_index, edge_weight, improved,
-                                   add_self_loops, dtype, sort=False)
-            return torch.stack([norm.src, norm.dst]), norm.weight
-        key = (improved, add_self_loops, dtype)
-        plan = self.plan
-        if plan.data is not self.data:  # a sub-partition: normalised once per plan
-            if edge_weight is not None:
-                raise NotImplementedError("GCNConv with edge weights on a mini-batch's "
-                                          "sub-partition")
-            if ("gcn_norm", key) not in plan.cache:
-                norm = self._normalise(plan.data, plan.data.edge_index, None, improved,
-                                       add_self_loops, dtype, sort=True)
-                plan.cache[("gcn_norm", key)] = _scaled_norm(norm, plan, dtype)
-            return plan.cache[("gcn_norm", key)], None
-        norm = (self._partition_norm(*key) if edge_weight is None else
-                self._normalise(self.data, self.data.edge_index, edge_weight, improved,
-                                add_self_loops, dtype, sort=True))
-        if plan.is_exact:
-            return norm.adj_t, None
-        if edge_weight is None and ("gcn_norm", key) in plan.cache:
-            return plan.cache[("gcn_norm", key)], None
-        adj_t = _scaled_norm(norm, plan, dtype)
-        if edge_weight is None:
-            plan.cache[("gcn_norm", key)] = adj_t
-        return adj_t, None
-
-    def _partition_norm(self, improved: bool, add_self_loops: bool,
-                        dtype: torch.dtype) -> GCNNorm:
-        r"""The GCN norm of the partition's own graph (unweighted), cached."""
-        key = (improved, add_self_loops, dtype)
-        if key not in self._gcn_cache:
-            self._gcn_cache[key] = self._normalise(self.data, self.data.edge_index, None,
-                                                   improved, add_self_loops, dtype, sort=True)
-        return self._gcn_cache[key]
-
-    def _normalise(self, data: DistData, edge_index: Tensor, edge_weight: Optional[Tensor],
-                   improved: bool, add_self_loops: bool, dtype: torch.dtype,
-                   sort: bool) -> GCNNorm:
-        r"""GCN weights of :obj:`edge_index` on :obj:`data`: the rank's
-        partition, a sub-partition of it (``inner_id`` / ``halo_id``
-        locate its rows), which takes the partition's degrees since its
-        edges are a subset, or a balanced batch's part, which carries the
-        whole graph's degrees (``deg_in``, ``has_loop``)."""
-        src, dst = edge_index
-        num_inner = data.num_inner
-        edge_id = torch.arange(src.numel(), device=src.device)
-        weight = (torch.ones(src.numel(), dtype=dtype, device=src.device)
-                  if edge_weight is None else edge_weight.to(dtype))
-        if add_self_loops:  # as PyG's add_remaining_self_loops
-            has_loop = torch.zeros(num_inner, dtype=torch.bool, device=src.device)
-            has_loop[dst[src == dst]] = True
-            loop = torch.arange(num_inner, device=src.device)[~has_loop]
-            src, dst = torch.cat([src, loop]), torch.cat([dst, loop])
-            edge_id = torch.cat([edge_id, torch.full_like(loop, -1)])
-            weight = torch.cat([weight, weight.new_full((loop.numel(), ),
-                                                        2.0 if improved else 1.0)])
-        if "has_loop" in data:  # a balanced batch's part: the whole graph's degrees
-            deg = data.deg_in.to(dtype)
-            if add_self_loops:
-                deg = deg + (~data.has_loop).to(dtype) * (2.0 if improved else 1.0)
-        elif data is not self.data:
-            deg = self._partition_norm(improved, add_self_loops, dtype).deg[
-                torch.cat([data.inner_id, self.data.num_inner + data.halo_id])]
-        else:
-            deg = weight.new_zeros(num_inner).scatter_add_(0, dst, weight)
-            with self.use(self.full_plan):
-                deg = torch.cat([deg, self.fetch("gcn_norm", deg.unsqueeze(-1), exact=True
-                                                 ).view(-1)])
-        deg_inv_sqrt = deg.pow(-0.5).masked_fill_(deg == 0, 0.0)
-        weight = deg_inv_sqrt[src] * weight * deg_inv_sqrt[dst]
-        if not sort:
-            return GCNNorm(src, dst, weight, edge_id, None, None, deg)
-        order = torch.argsort(dst * (num_inner + data.num_halo) + src)
-        src, dst, weight, edge_id = src[order], dst[order], weight[order], edge_id[order]
-        adj_t = data.csr_adj_t(torch.stack([src, dst]), weight)
-        is_edge = (edge_id >= 0).nonzero().view(-1)
-        position = torch.empty_like(is_edge)
-        position[edge_id[is_edge]] = is_edge
-        return GCNNorm(src, dst, weight, edge_id, adj_t, position, deg)
-
-
-def _scaled_norm(norm: GCNNorm, plan: HaloPlan, dtype: torch.dtype) -> Tensor:
-    r"""The normalised CSR restricted to :obj:`plan`'s edges, each scaled by
-    its factor (self-loops always stay)."""
-    if plan.patch is not None:  # few edges change: patch the cached CSR
-        return plan.patch.apply(norm.adj_t, plan.num_src, norm.position)
-    factor = torch.cat([plan.edge_factor().to(dtype), norm.weight.new_ones(1)])
-    num_edges = factor.numel() - 1
-    factor = factor[torch.where(norm.edge_id < 0, num_edges, norm.edge_id)]
-    keep = factor.nonzero().view(-1)
-    src = plan.source_map()[norm.src[keep]]
-    return csr(torch.stack([src, norm.dst[keep]]), norm.weight[keep] * factor[keep],
-               plan.num_inner, plan.num_src)

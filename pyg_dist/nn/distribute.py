@@ -71,7 +71,7 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
         data: this rank's partition.
         group: the process group (default: the default group).
         stats: byte/time counters to update (default: a new
-            :class:`~pyg_dist.metrics.CommStats`, kept as ``model.comm_stats``).
+            :class:`~pyg_dist.comm.stats.CommStats`, kept as ``model.comm_stats``).
         precompute_layer0: the first layer aggregates the partition's raw
             features once, on the exact plan, and reuses the result (the
             reference BNS-GCN's ``--use-pp``): that layer then needs no
@@ -120,9 +120,21 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout) and not hasattr(module, "_dist_hook"):
             module._dist_hook = module.register_forward_hook(_remember_undropped)
+    if not hasattr(model, "_dist_pass_hooks"):
+        model._dist_pass_hooks = (
+            model.register_forward_pre_hook(_begin_pass, with_kwargs=True),
+            model.register_forward_hook(_end_pass, always_call=True))
     model.comm_stats = ctx.stats
     model.dist_context = ctx
     return model
+
+
+def _begin_pass(model: torch.nn.Module, args, kwargs) -> None:
+    model.dist_context.begin_pass(args[0] if args else kwargs.get("x"))
+
+
+def _end_pass(model: torch.nn.Module, args, out) -> None:
+    model.dist_context.end_pass()
 
 
 def _precompute_first(name: str, module: MessagePassing) -> None:
@@ -150,9 +162,11 @@ def _precomputed_propagate(module: MessagePassing, edge_index, size=None, **kwar
     x = kwargs.get("x")
     x_src = x[0] if isinstance(x, (tuple, list)) else x
     propagate = type(module).propagate
-    if x_src is not ctx.data.x or any(v is not None for k, v in kwargs.items() if k != "x"):
+    ctx.enter(module._dist_key)
+    if not (isinstance(x_src, Tensor) and ctx.is_input_features(x_src)) \
+            or any(v is not None for k, v in kwargs.items() if k != "x"):
         return propagate(module, edge_index, size=size, **kwargs)
-    return ctx.precompute(module._dist_key, x_src,
+    return ctx.precompute(module._dist_key,
                           lambda: propagate(module, edge_index, size=size, **kwargs))
 
 

@@ -66,8 +66,8 @@ def gcn_norm(edge_index, edge_weight: Optional[Tensor] = None, num_nodes: Option
     if flow != "source_to_target":
         raise NotImplementedError("distributed gcn_norm supports flow='source_to_target'")
     sparse = is_torch_sparse_tensor(edge_index)
-    adj_t, _ = ctx.gcn_norm(edge_index, edge_weight, improved, add_self_loops,
-                            dtype or torch.float)
+    adj_t, _ = whole_graph_norm(ctx, edge_index, edge_weight, improved, add_self_loops,
+                                dtype or torch.float)
     if not isinstance(adj_t, Tensor) or adj_t.layout != torch.sparse_csr:
         return adj_t, _  # a bipartite edge_index given by the caller, normalised
     adj_t._dist_plan = ctx.plan

@@ -32,7 +32,7 @@ def sampler_params(name: str) -> Dict[str, Any]:
 def sampler_options(name: str) -> List[Option]:
     r"""The hyper-parameters of sampler :obj:`name`, as the command line
     offers them (from its constructor's signature)."""
-    return [Option(param, default, f"(default {default})", type(default))
+    return [Option(param, default, "", type(default))
             for param, default in sampler_params(name).items()]
 
 

@@ -86,13 +86,15 @@ class PartitionNeighborLoader(Loader):
     distributed = False
     options = (
         Option("fanout", [15, 10, 5], "neighbours sampled per hop, one per layer, -1 for "
-               "all (default 15,10,5)", _fanout),
+               "all", _fanout),
         Option("batch_size", 1024, "seed nodes per rank and step", int),
         Option("workers", 0, "background workers sampling batches ahead of the trainer "
                "(ByteGNN pipelining; 0: sample in the training loop)", int,
-               flag="--loader-workers", deprecated=("--sampler-workers", )),
+               flag="--loader-workers", deprecated=("--sampler-workers", ),
+               run_control=True),
         Option("adaptive", True, "keep every worker busy instead of adapting how many "
-               "batches are sampled ahead", flag="--fixed-depth", switch=False),
+               "batches are sampled ahead", flag="--fixed-depth", switch=False,
+               run_control=True),
     )
     refusal = ("loader 'neighbor' samples whole neighbourhoods from the owners: halo "
                "samplers, caches, precompute_layer0, overlap and exchange_dtype do not "
@@ -240,8 +242,7 @@ class PartitionNeighborLoader(Loader):
                     local_seed_fraction=self.local_seed_fraction)
         return sums, {"time_sample": report["idle"]}
 
-    @staticmethod
-    def row_fields(sums: Dict[str, float], row: Dict[str, float],
+    def row_fields(self, sums: Dict[str, float], row: Dict[str, float],
                    world: int) -> Dict[str, float]:
         r"""The epoch row's sampling metrics from the summed :meth:`metrics`."""
         step_time, idle = row["time"], row["time_sample"]

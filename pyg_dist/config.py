@@ -1,0 +1,179 @@
+r"""``TrainConfig``: one training run's specification: the model and its
+optimiser, then a halo sampler, halo caches and a loader, each a registered
+name with its parameters and validated by its own registry."""
+import math
+from dataclasses import InitVar, asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+import torch
+from torch import Tensor
+from torch_geometric.nn import GAT, GCN, GIN, GraphSAGE
+
+from pyg_dist.cache import FeatureCache, check_cache
+from pyg_dist.comm.compress import get_codec
+from pyg_dist.deprecation import warn_moved
+from pyg_dist.loader import LOADERS, check_loader
+from pyg_dist.sampler import check_sampler
+
+MODELS = {"gcn": GCN, "sage": GraphSAGE, "gat": GAT, "gin": GIN}
+# Whether the plain model takes a torch.sparse adj_t: PyG's GATConv adds its
+# self-loops to an edge_index only (distributed layers take either).
+TAKES_ADJ_T = {"gcn": True, "sage": True, "gat": False, "gin": True}
+
+# Fields of older releases: (loader, its parameter) they now are, or None (unused).
+LEGACY_FIELDS = {
+    "fanout": ("neighbor", "fanout"),
+    "batch_size": ("neighbor", "batch_size"),
+    "sampler_workers": ("neighbor", "workers"),
+    "adaptive_depth": ("neighbor", "adaptive"),
+    "background_sampling": ("full", "background"),
+    "extra": None,
+}
+
+
+@dataclass
+class TrainConfig:
+    r"""Hyper-parameters of a training run.
+
+    The model is one of PyG's BasicGNNs (:data:`MODELS`). Three components
+    are each a registered name with a parameter dict, checked by their
+    registry: :obj:`sampler` (:data:`pyg_dist.sampler.SAMPLERS`: which halo
+    rows an iteration fetches), :obj:`cache`
+    (:data:`pyg_dist.cache.CACHES`: how fresh they are) with the optional
+    :obj:`feature_cache` of input features, and :obj:`loader`
+    (:data:`pyg_dist.loader.LOADERS`: which batches an epoch trains on;
+    each loader says which samplers and caches it runs with).
+    :obj:`precompute_layer0`, :obj:`exchange_dtype` and :obj:`overlap` are
+    :func:`~pyg_dist.nn.distribute`'s options.
+
+    The fields of older releases ``fanout``, ``batch_size``,
+    ``sampler_workers``, ``adaptive_depth`` (now ``loader_args`` of
+    ``"neighbor"``: ``fanout``, ``batch_size``, ``workers``, ``adaptive``),
+    ``background_sampling`` (``loader_args`` of ``"full"``: ``background``)
+    and ``extra`` (unused) are still accepted, with a
+    :class:`DeprecationWarning`.
+    """
+    model: str = "sage"
+    num_layers: int = 3
+    hidden: int = 64
+    heads: int = 4  # GAT only
+    dropout: float = 0.5
+    lr: float = 0.01
+    weight_decay: float = 0.0
+    epochs: int = 50
+    seed: int = 0
+    sampler: str = "full"
+    sampler_args: Dict[str, Any] = field(default_factory=dict)
+    cache: str = "exact"
+    cache_args: Dict[str, Any] = field(default_factory=dict)
+    feature_cache: Optional[str] = None  # a policy of pyg_dist.cache.FeatureCache
+    feature_cache_capacity: str = "25%"
+    loader: str = "full"
+    loader_args: Dict[str, Any] = field(default_factory=dict)
+    precompute_layer0: bool = False
+    exchange_dtype: str = "fp32"  # a key of pyg_dist.comm.compress.CODECS
+    overlap: bool = False  # interior targets aggregate while the halo rows travel
+    # Train on the subgraph of the train nodes, evaluate on the whole graph
+    # (partitions written with partition_graph(..., inductive=True)).
+    inductive: bool = False
+    eval_every: int = 1
+    progress: bool = True
+    # Save a checkpoint every N epochs (0: never) into checkpoint_dir
+    # (default out_dir/checkpoint); resume: continue from its latest one.
+    checkpoint_every: int = 0
+    checkpoint_dir: Optional[str] = None
+    resume: bool = False
+    # Train into an out_dir that already holds a run, replacing it.
+    overwrite: bool = False
+    fanout: InitVar[Optional[List[int]]] = None
+    batch_size: InitVar[Optional[int]] = None
+    sampler_workers: InitVar[Optional[int]] = None
+    adaptive_depth: InitVar[Optional[bool]] = None
+    background_sampling: InitVar[Optional[bool]] = None
+    extra: InitVar[Optional[Dict[str, Any]]] = None
+
+    def __post_init__(self, *legacy: Any) -> None:
+        for (old, target), value in zip(LEGACY_FIELDS.items(), legacy):
+            if value is None:
+                continue
+            new = (f"TrainConfig(loader_args={{'{target[1]}': ...}}) of loader "
+                   f"'{target[0]}'" if target else "nothing (it was unused)")
+            warn_moved(f"TrainConfig({old}=...)", new)
+            self.loader_args = _with_legacy(self.loader_args, self.loader, old, value)
+
+    @classmethod
+    def from_dict(cls, values: Dict[str, Any]) -> "TrainConfig":
+        r"""The config of :obj:`values` (e.g. ``summary.json``'s), also as
+        an older release wrote it (legacy fields converted silently)."""
+        return cls(**upgrade(values))
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    def validate(self) -> None:
+        r"""Raises :class:`ValueError` for any invalid setting, before any work."""
+        if self.model not in MODELS:
+            raise ValueError(f"Unknown model '{self.model}' (choose from {', '.join(MODELS)})")
+        for name in ("num_layers", "hidden", "epochs", "eval_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1) (got {self.dropout})")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be > 0 and finite (got {self.lr})")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be >= 0 and finite "
+                             f"(got {self.weight_decay})")
+        if self.heads < 1:
+            raise ValueError(f"heads must be >= 1 (got {self.heads})")
+        if self.resume and self.overwrite:
+            raise ValueError("resume continues the run in out_dir, overwrite replaces it: "
+                             "choose one")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0 (got {self.checkpoint_every})")
+        check_sampler(self.sampler, self.sampler_args)
+        get_codec(self.exchange_dtype)
+        check_cache(self.cache, self.cache_args)
+        if self.feature_cache is not None:
+            FeatureCache.check(self.feature_cache, self.feature_cache_capacity)
+        check_loader(self.loader, self.loader_args, self)
+
+
+def upgrade(values: Dict[str, Any]) -> Dict[str, Any]:
+    r""":obj:`values` of a config (or a checkpoint's identity) as this
+    release names them: the legacy fields folded into ``loader_args``."""
+    out = {k: v for k, v in values.items() if k not in LEGACY_FIELDS}
+    loader = out.get("loader", "full")
+    if any(k in LEGACY_FIELDS for k in values) and "loader_args" not in values:
+        args: Dict[str, Any] = {}
+        for old in LEGACY_FIELDS:
+            if values.get(old) is not None:
+                args = _with_legacy(args, loader, old, values[old])
+        out["loader_args"] = args
+    return out
+
+
+def _with_legacy(loader_args: Dict[str, Any], loader: str, old: str,
+                 value: Any) -> Dict[str, Any]:
+    r""":obj:`loader_args` plus legacy field :obj:`old`, where it applies
+    (it was ignored by the other loaders, so it stays ignored)."""
+    target = LEGACY_FIELDS[old]
+    if target is None or target[0] != loader or target[1] in loader_args \
+            or loader not in LOADERS:
+        return loader_args
+    default = next(o.default for o in LOADERS[loader].options if o.name == target[1])
+    return loader_args if value == default else {**loader_args, target[1]: value}
+
+
+def build_model(config: TrainConfig, in_channels: int, out_channels: int) -> torch.nn.Module:
+    r"""A plain PyG BasicGNN; seeded, so every rank builds the same weights."""
+    torch.manual_seed(config.seed)
+    kwargs = {"heads": config.heads} if config.model == "gat" else {}
+    return MODELS[config.model](in_channels, config.hidden, config.num_layers,
+                                out_channels, dropout=config.dropout, **kwargs)
+
+
+def num_classes_of(y: Tensor) -> int:
+    r"""Classes of labels :obj:`y`: columns of a multi-hot ``[N, C]`` matrix
+    (multi-label), else the largest class id + 1."""
+    return int(y.size(1)) if y.dim() > 1 else int(y.max()) + 1 if y.numel() else 0

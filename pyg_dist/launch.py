@@ -1,0 +1,54 @@
+r"""Running a function on every rank: under ``torchrun`` in this process,
+else in spawned local ranks (one per partition by default)."""
+import os
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from pyg_dist.distributed import (DEFAULT_TIMEOUT, die_with_parent, init, name_lost_ranks,
+                                  rank_threads, spawn, stop_heartbeat, stop_on_sigterm)
+from pyg_dist.partition.book import read_meta
+
+
+def run_training(root: str, config, out: Optional[str], nproc: Optional[int] = None,
+                 timeout: float = DEFAULT_TIMEOUT) -> dict:
+    r""":func:`~pyg_dist.train.train` on every rank (see :func:`run_ranks`);
+    the config is validated before any rank starts. Returns rank 0's
+    summary (under torchrun: this rank's)."""
+    from pyg_dist.train import train
+    config.validate()
+    return run_ranks(train, (root, config, out), root, nproc, timeout)
+
+
+def run_ranks(fn: Callable, fn_args: tuple, root: str, nproc: Optional[int] = None,
+              timeout: float = DEFAULT_TIMEOUT) -> Any:
+    r"""``fn(*fn_args)`` in every rank: in this process under torchrun
+    (environment present) or for a single rank, else in :obj:`nproc` spawned
+    local ranks (default: one per partition of :obj:`root`). Returns this
+    rank's result (spawned: rank 0's)."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
+        die_with_parent(os.getppid())  # the agent: a killed torchrun leaves no rank
+        torch.set_num_threads(rank_threads(int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+        return _in_group(fn, fn_args, timeout)
+    nproc = nproc or read_meta(root)["num_parts"]
+    if nproc == 1:
+        return _in_group(fn, fn_args, timeout)
+    return spawn(fn, nproc, fn_args, timeout=timeout)[0]
+
+
+def _in_group(fn: Callable, fn_args: tuple, timeout: float) -> Any:
+    r"""Runs in this process' group and tears it down before the
+    interpreter exits (gloo's threads otherwise may abort the process)."""
+    stop_on_sigterm(leave_ctrl_c_to_launcher="LOCAL_WORLD_SIZE" in os.environ)  # torchrun
+    init(timeout=timeout)
+    try:
+        return fn(*fn_args)
+    except BaseException as e:
+        named = name_lost_ranks(e)
+        if named is e:
+            raise
+        raise named from e
+    finally:
+        stop_heartbeat()
+        dist.destroy_process_group()
