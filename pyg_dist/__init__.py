@@ -1,7 +1,7 @@
 r"""pyg_dist: partition-parallel full-graph training for PyTorch Geometric."""
-__version__ = "0.1.0"
 
 from pyg_dist import deprecation  # noqa: E402
+from pyg_dist.version import __version__  # noqa: E402
 
 deprecation.install()  # old module paths keep working, with a warning
 

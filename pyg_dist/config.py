@@ -108,7 +108,18 @@ class TrainConfig:
         return cls(**upgrade(values))
 
     def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
+        r"""The fields, plus the legacy ones with the values in effect (what
+        ``summary.json`` and ``model.json`` always had: readers keep working)."""
+        values = asdict(self)
+        for old, target in LEGACY_FIELDS.items():
+            if target is None:
+                values[old] = {}
+                continue
+            loader, param = target
+            default = next(o.default for o in LOADERS[loader].options if o.name == param)
+            values[old] = (self.loader_args.get(param, default) if self.loader == loader
+                           else default)
+        return values
 
     def validate(self) -> None:
         r"""Raises :class:`ValueError` for any invalid setting, before any work."""
@@ -144,7 +155,7 @@ def upgrade(values: Dict[str, Any]) -> Dict[str, Any]:
     release names them: the legacy fields folded into ``loader_args``."""
     out = {k: v for k, v in values.items() if k not in LEGACY_FIELDS}
     loader = out.get("loader", "full")
-    if any(k in LEGACY_FIELDS for k in values) and "loader_args" not in values:
+    if "loader_args" not in values:
         args: Dict[str, Any] = {}
         for old in LEGACY_FIELDS:
             if values.get(old) is not None:

@@ -10,8 +10,10 @@ from torch import Tensor
 from torch_geometric.nn import MessagePassing
 from tqdm import tqdm
 
-import pyg_dist
 from pyg_dist.data import DistData
+from pyg_dist.distributed import device as default_device
+from pyg_dist.distributed import init
+from pyg_dist.nn import distribute
 
 
 @torch.no_grad()
@@ -33,11 +35,11 @@ def predict(model: torch.nn.Module, root: str, out_dir: Optional[str] = None,
     The model is copied and distributed, so it stays a plain model; the
     result is exact (equal to single-process PyG on the whole graph).
     :obj:`progress` shows rank 0's layers as they finish."""
-    pyg_dist.init()
+    init()
     rank = dist.get_rank()
-    device = pyg_dist.device()
+    device = default_device()
     data = DistData.load(root, rank).to(device)
-    twin = pyg_dist.nn.distribute(copy.deepcopy(model).to(device), data)
+    twin = distribute(copy.deepcopy(model).to(device), data)
     twin.eval()
     layers = [m for m in twin.modules() if isinstance(m, MessagePassing)]
     bar = tqdm(total=len(layers), desc="predict", unit="layer",

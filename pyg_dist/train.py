@@ -18,15 +18,17 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch_geometric.data import Data
 from torch_geometric.utils import to_torch_csr_tensor
 
-import pyg_dist
 from pyg_dist.cache import FeatureCache, build_cache
 from pyg_dist.checkpoint import Checkpointer, check_same_model, rng_state, set_rng_state
 from pyg_dist.comm.stats import CommStats
 from pyg_dist.config import (MODELS, TAKES_ADJ_T, TrainConfig, build_model,  # noqa: F401
                              num_classes_of, upgrade)
-from pyg_dist.distributed import max_over_ranks, stop_requested
+from pyg_dist.data import DistData
+from pyg_dist.distributed import device as default_device
+from pyg_dist.distributed import init, max_over_ranks, stop_requested
 from pyg_dist.loader import LOADERS, Loader, LoaderInputs, TrainBatch, build_loader
 from pyg_dist.loader import loader_options
+from pyg_dist.nn import distribute
 from pyg_dist.metrics import (MASKS, MetricsWriter, correct_counts, accuracies,  # noqa: F401
                               epoch_row, peak_memory_bytes, reduce_over_ranks,
                               reset_peak_memory, summarize)
@@ -48,10 +50,10 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     ``state_dict``, see :func:`load_model`). Returns the summary.
     """
     config.validate()
-    pyg_dist.init()
+    init()
     claim_out_dir(out_dir, config)
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = pyg_dist.device()
+    device = default_device()
     checkpoints = checkpointer(root, config, out_dir, world)
     resumed = checkpoints.load() if config.resume else None
     loader_class = LOADERS[config.loader]
@@ -65,7 +67,7 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     _broadcast_params(model)
     evaluator = model
     if config.inductive or not loader_class.distributed:
-        evaluator = pyg_dist.nn.distribute(copy.deepcopy(model), eval_data)
+        evaluator = distribute(copy.deepcopy(model), eval_data)
     if config.inductive:  # the model trains on the train nodes' subgraph only
         data = _load_partition(train_graph_root(root), rank,
                              device if loader_class.distributed else None)
@@ -105,7 +107,7 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
 
 def _load_partition(root: str, rank: int, device: Optional[torch.device]):
     r"""This rank's partition, on :obj:`device` (``None``: the CPU)."""
-    data = pyg_dist.DistData.load(root, rank)
+    data = DistData.load(root, rank)
     return data.to(device) if device is not None else data
 
 
@@ -117,7 +119,7 @@ def _distribute(model: torch.nn.Module, data, config: TrainConfig,
     cache = build_cache(config.cache, **config.cache_args)
     feature_cache = (FeatureCache(config.feature_cache, config.feature_cache_capacity,
                                   config.seed) if config.feature_cache else None)
-    pyg_dist.nn.distribute(model, data, stats=inputs.stats,
+    distribute(model, data, stats=inputs.stats,
                            precompute_layer0=config.precompute_layer0,
                            exchange_dtype=config.exchange_dtype, cache=cache,
                            feature_cache=feature_cache, overlap=config.overlap)
@@ -336,14 +338,14 @@ def checkpointer(root: str, config: TrainConfig, out_dir: Optional[str],
                         {"world_size": world, "graph_hash": meta["graph_hash"],
                          "partitioning_id": meta.get("partitioning_id"),
                          **_identity(config.to_dict())},
-                        upgrade=lambda saved: _identity(upgrade(saved)))
+                        upgrade=_identity)
 
 
 def _identity(values: Dict[str, Any]) -> Dict[str, Any]:
     r"""What a resumed run must share with its checkpoint: the config
     without run control (a loader's options that do not change results
     included), as JSON reads it."""
-    run = {k: v for k, v in values.items() if k not in _RUN_CONTROL}
+    run = {k: v for k, v in upgrade(values).items() if k not in _RUN_CONTROL}
     if "loader_args" in run and run.get("loader") in LOADERS:
         control = {o.name for o in loader_options(run["loader"]) if o.run_control}
         run["loader_args"] = {k: v for k, v in run["loader_args"].items()

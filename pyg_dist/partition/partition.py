@@ -12,6 +12,7 @@ from pyg_dist.integrity import save_checked
 from pyg_dist.partition.book import FORMAT_VERSION, PartitionBook, owner_of, part_file
 from pyg_dist.partition.block import block_assignment
 from pyg_dist.partition.metis import OBJECTIVES, metis_assignment, random_assignment
+from pyg_dist.version import __version__
 
 METHODS = ("metis", "random", "block")
 DEFAULT_BALANCE = ("train_mask", "val_mask", "test_mask")
@@ -268,6 +269,5 @@ def partitioning_id(ghash: str, perm: Tensor, partptr: Tensor) -> str:
 def _versions() -> Dict[str, str]:
     import torch_geometric
 
-    from pyg_dist import __version__
     return {"pyg_dist": __version__, "torch": torch.__version__,
             "torch_geometric": torch_geometric.__version__}
