@@ -192,7 +192,7 @@ def main() -> None:
                         out = osp.join(args.workdir, "runs",
                                        f"{method}{parts}-{spec}-{workers}")
                         rows = run(net, info["root"], out,
-                                   flags + ["--sampler-workers", str(workers)], args)
+                                   flags + ["--loader-workers", str(workers)], args)
                         results["runs"].append({"method": method, "parts": parts,
                                                 "link": net.label, "sampling": label,
                                                 **summarize(rows)})

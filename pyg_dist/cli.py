@@ -8,8 +8,6 @@ import os.path as osp
 import sys
 from typing import List, Optional
 
-import torch
-
 from pyg_dist.distributed import DEFAULT_TIMEOUT
 
 

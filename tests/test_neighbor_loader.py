@@ -50,16 +50,16 @@ def test_batches_are_sampled_from_the_graph(sampled):
     in_degree = torch.bincount(graph.edge_index[1], minlength=graph.num_nodes)
     for result in results:
         for batch in result["loop"]:
-            n_id, (row, col) = batch.n_id, batch.edge_index
+            n_id, (row, col) = batch["n_id"], batch["edge_index"]
             assert n_id.unique().numel() == n_id.numel()
-            assert sum(batch.num_sampled_nodes) == n_id.numel()
-            assert sum(batch.num_sampled_edges) == row.numel()
-            assert torch.equal(batch.x, graph.x[n_id])  # rows pulled from the owners
-            assert torch.equal(batch.y, graph.y[n_id])
+            assert sum(batch["num_sampled_nodes"]) == n_id.numel()
+            assert sum(batch["num_sampled_edges"]) == row.numel()
+            assert torch.equal(batch["x"], graph.x[n_id])  # rows pulled from the owners
+            assert torch.equal(batch["y"], graph.y[n_id])
             pairs = set(zip(n_id[row].tolist(), n_id[col].tolist()))
             assert len(pairs) == row.numel() and pairs <= edges
             # Hop l samples min(k, deg) in-neighbours of exactly the nodes hop l-1 added.
-            bounds = torch.tensor(batch.num_sampled_nodes).cumsum(0).tolist()
+            bounds = torch.tensor(batch["num_sampled_nodes"]).cumsum(0).tolist()
             count = torch.bincount(col, minlength=n_id.numel())
             for hop, k in enumerate([4, 3]):
                 start = bounds[hop - 1] if hop else 0

@@ -32,6 +32,8 @@ from torch import Tensor
 from torch_geometric.nn.conv.gcn_conv import gcn_norm as pyg_gcn_norm
 from torch_geometric.utils import is_torch_sparse_tensor
 
+from pyg_dist.nn.conv.gcn_conv import whole_graph_norm
+
 _running = threading.local()  # the HaloContext of the layer running in this thread
 
 
