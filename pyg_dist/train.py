@@ -58,7 +58,8 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     resumed = checkpoints.load() if config.resume else None
     loader_class = LOADERS[config.loader]
     # An undistributed model's loader samples from the partition on the CPU.
-    data = _load_partition(root, rank, device if loader_class.distributed else None)
+    data_device = device if loader_class.distributed else None
+    data = _load_partition(root, rank, data_device)
     eval_data = data if device.type == "cpu" or loader_class.distributed else \
         copy.copy(data).to(device)  # Data.to moves in place: the loader keeps the CPU rows
     num_classes = int(max_over_ranks(torch.tensor([num_classes_of(data.y)],
@@ -69,8 +70,7 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     if config.inductive or not loader_class.distributed:
         evaluator = distribute(copy.deepcopy(model), eval_data)
     if config.inductive:  # the model trains on the train nodes' subgraph only
-        data = _load_partition(train_graph_root(root), rank,
-                             device if loader_class.distributed else None)
+        data = _load_partition(train_graph_root(root), rank, data_device)
     stats, ctx, stateful = CommStats(), None, {"model": model}
     inputs = LoaderInputs(root, data, config.num_layers, config.seed, device, stats,
                           feature_cache_capacity=(config.feature_cache_capacity
@@ -119,10 +119,9 @@ def _distribute(model: torch.nn.Module, data, config: TrainConfig,
     cache = build_cache(config.cache, **config.cache_args)
     feature_cache = (FeatureCache(config.feature_cache, config.feature_cache_capacity,
                                   config.seed) if config.feature_cache else None)
-    distribute(model, data, stats=inputs.stats,
-                           precompute_layer0=config.precompute_layer0,
-                           exchange_dtype=config.exchange_dtype, cache=cache,
-                           feature_cache=feature_cache, overlap=config.overlap)
+    distribute(model, data, stats=inputs.stats, precompute_layer0=config.precompute_layer0,
+               exchange_dtype=config.exchange_dtype, cache=cache,
+               feature_cache=feature_cache, overlap=config.overlap)
     ctx = model.dist_context
     sampler_args = dict(config.sampler_args)
     if config.sampler == "vr":  # PSC's coefficient c_ij is GCN's; others aggregate plainly
