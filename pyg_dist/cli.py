@@ -8,6 +8,7 @@ import os.path as osp
 import sys
 from typing import List, Optional
 
+from pyg_dist.deprecation import renamed, warn_moved
 from pyg_dist.distributed import DEFAULT_TIMEOUT
 
 
@@ -126,7 +127,6 @@ def _component_args(args: argparse.Namespace, argv: List[str]) -> dict:
     the flags; a flag the chosen one does not take is refused. The cache
     follows from its flags when ``--cache`` is not given (``--staleness 2``:
     pipeline). Deprecated flags warn."""
-    import warnings
     out = {}
     for kind, registry, options_of, default in _components():
         given = {}  # name -> {param: value} of every component whose flags were given
@@ -137,8 +137,7 @@ def _component_args(args: argparse.Namespace, argv: List[str]) -> dict:
                     given.setdefault(name, {})[option.name] = value
                 for old in option.deprecated:
                     if any(a == old or a.startswith(old + "=") for a in argv):
-                        warnings.warn(f"pyg_dist: {old} is deprecated; use {option.flags[0]}",
-                                      DeprecationWarning, stacklevel=2)
+                        warn_moved(old, option.flags[0])
         chosen = getattr(args, kind) or (next(iter(given)) if len(given) == 1
                                          else next(iter(registry)))
         takes = {o.name for o in options_of(chosen)}
@@ -360,13 +359,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         sys.exit(1)
 
 
-def __getattr__(name: str):
-    if name == "run_training":  # moved to pyg_dist.launch
-        from pyg_dist.deprecation import warn_moved
-        from pyg_dist.launch import run_training
-        warn_moved("pyg_dist.cli.run_training", "pyg_dist.launch.run_training")
-        return run_training
-    raise AttributeError(f"module '{__name__}' has no attribute '{name}'")
+# Moved to pyg_dist.launch (one release of warnings).
+__getattr__ = renamed(__name__, {"run_training": ("pyg_dist.launch", "run_training")})
 
 
 if __name__ == "__main__":

@@ -116,7 +116,7 @@ class TrainConfig:
                 values[old] = {}
                 continue
             loader, param = target
-            default = next(o.default for o in LOADERS[loader].options if o.name == param)
+            default = _option_default(loader, param)
             values[old] = (self.loader_args.get(param, default) if self.loader == loader
                            else default)
         return values
@@ -172,8 +172,13 @@ def _with_legacy(loader_args: Dict[str, Any], loader: str, old: str,
     if target is None or target[0] != loader or target[1] in loader_args \
             or loader not in LOADERS:
         return loader_args
-    default = next(o.default for o in LOADERS[loader].options if o.name == target[1])
-    return loader_args if value == default else {**loader_args, target[1]: value}
+    if value == _option_default(loader, target[1]):
+        return loader_args
+    return {**loader_args, target[1]: value}
+
+
+def _option_default(loader: str, param: str) -> Any:
+    return next(o.default for o in LOADERS[loader].options if o.name == param)
 
 
 def build_model(config: TrainConfig, in_channels: int, out_channels: int) -> torch.nn.Module:

@@ -3,7 +3,7 @@ as the command line offers it. A component declares its options next to its
 code; the CLI builds its flags from the registries, so a new component needs
 no CLI change."""
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Collection, Dict, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -36,3 +36,14 @@ class Option:
     @property
     def flags(self) -> Tuple[str, ...]:
         return (self.flag or "--" + self.name.replace("_", "-"), ) + self.deprecated
+
+
+def refuse_unknown(kind: str, name: str, params: Dict[str, Any],
+                   takes: Collection[str]) -> None:
+    r"""Raises :class:`ValueError` when :obj:`params` hold a parameter that
+    component :obj:`name` (a :obj:`kind`: ``"Sampler"``, ``"Loader"``) does
+    not take: never silently ignored."""
+    unknown = set(params) - set(takes)
+    if unknown:
+        raise ValueError(f"{kind} '{name}' takes no parameter(s) {sorted(unknown)} "
+                         f"(it takes {sorted(takes) or 'none'})")

@@ -23,7 +23,7 @@ from pyg_dist.loader.full import FullGraphLoader, PlanPrefetcher
 from pyg_dist.loader.neighbor import (PartitionFeatureStore, PartitionNeighborLoader,
                                       PartitionNeighborSampler, SamplerPool,
                                       sample_neighbors, split_seeds)
-from pyg_dist.options import Option
+from pyg_dist.options import Option, refuse_unknown
 
 LOADERS: Dict[str, Type[Loader]] = {
     "full": FullGraphLoader,
@@ -50,10 +50,7 @@ def check_loader(name: str, params: Dict[str, Any], config: Any) -> None:
     cls = _loader_class(name)
     if config.inductive and not cls.inductive:
         raise ValueError(cls.refusal_inductive)
-    unknown = set(params) - {o.name for o in cls.options}
-    if unknown:
-        raise ValueError(f"Loader '{name}' takes no parameter(s) {sorted(unknown)} "
-                         f"(it takes {sorted(o.name for o in cls.options) or 'none'})")
+    refuse_unknown("Loader", name, params, [o.name for o in cls.options])
     cls.check(num_layers=config.num_layers, **params)
     if not cls.composes_with(config):
         raise ValueError(cls.refusal)

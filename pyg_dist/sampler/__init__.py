@@ -4,7 +4,7 @@ from typing import Any, Dict, List, Optional, Type
 
 from pyg_dist.data import DistData
 from pyg_dist.deprecation import renamed
-from pyg_dist.options import Option
+from pyg_dist.options import Option, refuse_unknown
 from pyg_dist.comm.stats import CommStats
 from pyg_dist.sampler.base import BoundarySampler
 from pyg_dist.sampler.bns import BNSSampler
@@ -41,10 +41,7 @@ def check_sampler(name: str, params: Dict[str, Any]) -> None:
     does not take (never silently ignored) or an invalid value."""
     if name not in SAMPLERS:
         raise ValueError(f"Unknown sampler '{name}' (choose from {', '.join(SAMPLERS)})")
-    unknown = set(params) - set(sampler_params(name))
-    if unknown:
-        raise ValueError(f"Sampler '{name}' takes no parameter(s) {sorted(unknown)} "
-                         f"(it takes {sorted(sampler_params(name)) or 'none'})")
+    refuse_unknown("Sampler", name, params, sampler_params(name))
     SAMPLERS[name].check(**params)
 
 
