@@ -45,6 +45,33 @@ def peak_memory_bytes(device: torch.device = torch.device("cpu")) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def current_memory_bytes(device: torch.device = torch.device("cpu")) -> int:
+    r"""Memory this process holds now: allocated GPU memory on CUDA, the
+    resident set size (RSS) on CPU (0 where it cannot be read)."""
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def baseline_memory_metrics(device) -> Dict[str, Any]:
+    r"""``baseline_mem_bytes`` (max over ranks), ``baseline_mem_bytes_mean``
+    and ``baseline_mem_per_rank``: every rank's :func:`current_memory_bytes`
+    once the partition and the model are loaded, before the first step (the
+    interpreter, the libraries and the partition, so that ``peak_mem_bytes``
+    minus it is what training itself adds; one all-gather)."""
+    per_rank = [int(v) for v in gather_over_ranks(current_memory_bytes(device), device)]
+    return {"baseline_mem_bytes": max(per_rank),
+            "baseline_mem_bytes_mean": int(sum(per_rank) / len(per_rank)),
+            "baseline_mem_per_rank": per_rank}
+
+
 MASKS = ("train", "val", "test")
 # The per-epoch counters every run sums over its ranks (missing ones are 0).
 SUMMED = ("loss", "bytes_sent", "bytes_recv", "halo_rows", "halo_rows_total", "cache_hits",
@@ -141,6 +168,8 @@ def summarize(history: List[Dict[str, Any]], config: Dict[str, Any], world: int,
         "halo_rows_total": last["halo_rows_total"],
         "peak_mem_bytes": max(r["peak_mem_bytes"] for r in history),
         "peak_mem_bytes_mean": max(r["peak_mem_bytes_mean"] for r in history),
+        "baseline_mem_bytes": last.get("baseline_mem_bytes"),
+        "baseline_mem_bytes_mean": last.get("baseline_mem_bytes_mean"),
     }
     summary.update({k: mean(k) for k in extra_keys})
     return summary

@@ -30,7 +30,8 @@ from pyg_dist.loader import LOADERS, Loader, LoaderInputs, TrainBatch, build_loa
 from pyg_dist.loader import loader_options
 from pyg_dist.nn import distribute
 from pyg_dist.metrics import (MASKS, MetricsWriter, correct_counts, accuracies,  # noqa: F401
-                              epoch_row, peak_memory_bytes, reduce_over_ranks,
+                              baseline_memory_metrics, current_memory_bytes, epoch_row,
+                              peak_memory_bytes, reduce_over_ranks,
                               reset_peak_memory, summarize)
 from pyg_dist.partition.book import read_meta
 from pyg_dist.sampler import build_sampler
@@ -84,6 +85,7 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
         + ("" if config.loader == "full" else f" ({config.loader})"), stateful, resumed)
     run = _Run(model, evaluator, eval_data, loader, ctx, stats, optimizer, params, config,
                world, device, data.num_halo)
+    run.baseline = baseline_memory_metrics(device)
     try:
         for epoch in epochs:
             row, stop = run.epoch(epoch)
@@ -151,6 +153,7 @@ class _Run:
         self.optimizer, self.params, self.config = optimizer, params, config
         self.world, self.device, self.num_halo = world, device, num_halo
         self.takes_adj_t = TAKES_ADJ_T[config.model]
+        self.baseline: Dict[str, Any] = {}  # memory before the first step
 
     def closers(self):
         r"""What completes or releases the run's work in flight, in order."""
@@ -189,6 +192,7 @@ class _Run:
             sums.update(self.evaluate())
         sums, maxes = reduce_over_ranks(sums, maxes, self.device)
         row = epoch_row(epoch, sums, maxes, peak, self.device, self.world)
+        row.update(self.baseline)
         row.update(loader.row_fields(sums, row, self.world))
         return row, bool(maxes["stop"])  # any rank asked to stop (the same answer on all)
 
@@ -436,6 +440,7 @@ def train_single_process(data: Data, config: TrainConfig):
                        adj_t=_adj_t(train_data) if config.inductive else adj_t,
                        loss_count=int(data.train_mask.sum()))
     history = []
+    baseline = current_memory_bytes()
     for epoch in range(1, config.epochs + 1):
         reset_peak_memory()
         start = time.perf_counter()
@@ -449,6 +454,7 @@ def train_single_process(data: Data, config: TrainConfig):
                "bytes_saved": 0, "cache_hit_rate": None,
                "halo_rows": 0, "halo_rows_total": 0, "peak_mem_bytes": peak_memory_bytes()}
         row["peak_mem_bytes_mean"] = row["peak_mem_bytes"]
+        row["baseline_mem_bytes"] = row["baseline_mem_bytes_mean"] = baseline
         row["time_compute"] = row["time"]
         counts = None
         if epoch % config.eval_every == 0 or epoch == config.epochs:

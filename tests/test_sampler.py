@@ -200,3 +200,33 @@ def test_vr_rows_never_seen_get_the_mean_norm(tmp_path):
     halo = vr.halo_edge
     assert torch.allclose(vr.edge_weights()[halo], torch.full((int(halo.sum()), ), 4.0,
                                                               dtype=torch.double))
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_bns_graph_holds_only_kept_edges(tmp_path, p):
+    r"""A sampled iteration's CSR stores only the inner edges and the kept
+    cut edges (so memory and aggregation work fall with p), and aggregates
+    as the per-edge form of the same plan does (sum and unbiased mean)."""
+    from tests.conftest import small_graph
+    from pyg_dist.utils import csr
+    pyg_dist.partition_graph(small_graph(), 3, root=str(tmp_path))
+    part = pyg_dist.DistData.load(str(tmp_path), 1)
+    sampler = build_sampler("bns", part, p=p, seed=3)
+    x = torch.randn(part.num_inner + part.num_halo, 5)
+    for t in range(3):
+        plan = sampler.plan(t)
+        assert plan.patch is not None
+        x_src = x[:plan.num_src]
+        kept_cut = int((plan.patch.factor != 0).sum())
+        inner_edges = int((part.edge_index[0] < part.num_inner).sum())
+        for aggr in ("sum", "mean"):
+            adj = plan.adjacency(aggr, fused=True)
+            assert adj._nnz() == inner_edges + kept_cut < part.edge_index.size(1)
+            assert bool((adj.values() != 0).all())
+            per_edge = csr(plan.edge_index, plan.edge_weight(aggr), plan.num_inner,
+                           plan.num_src, adj.dtype)
+            reduce = "sum" if aggr == "sum" else "mean"
+            if aggr == "mean":  # the mean of the per-edge form divides by the kept edges too
+                assert torch.equal(per_edge.crow_indices(), adj.crow_indices())
+            assert_fp32_close(torch.sparse.mm(adj, x_src, reduce),
+                              torch.sparse.mm(per_edge, x_src, reduce), msg=f"{aggr}, t={t}")

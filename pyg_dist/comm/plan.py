@@ -15,20 +15,48 @@ class EdgePatch(NamedTuple):
     r"""A sampled graph written as a change of the partition's graph: the
     edges at ``position`` (in partition edge order) take source ``col`` (a
     source id of the plan) and have their weight multiplied by ``factor``
-    (0: dropped, kept as a zero entry). Patching touches only these edges,
-    and the CSR keeps the partition's row structure."""
+    (0: dropped). Building the sampled graph from a patch costs one copy of
+    the kept entries and :math:`O(|E_{\mathrm{cut}}| \log |E_{\mathrm{cut}}|)`
+    for the patched ones, never a pass over the partition's edges in Python
+    or a sort."""
     position: Tensor
     col: Tensor
     factor: Tensor
 
-    def apply(self, adj_t: Tensor, num_cols: int,
-              position_map: Optional[Tensor] = None) -> Tensor:
-        pos = self.position if position_map is None else position_map[self.position]
-        col = adj_t.col_indices().clone()
-        col[pos] = self.col
-        value = adj_t.values().clone()
-        value[pos] *= self.factor.to(value.dtype)
-        return csr_tensor(adj_t.crow_indices(), col, value, (adj_t.size(0), num_cols))
+    def apply(self, adj_t: Tensor, num_cols: int, position_map: Optional[Tensor] = None,
+              mean: bool = False) -> Tensor:
+        r"""The CSR :obj:`adj_t` (in partition edge order, or mapped there
+        by :obj:`position_map`) with the patch applied and the dropped
+        entries removed, so the sampled graph holds, and aggregations visit,
+        only its kept edges. :obj:`mean`: the values of every row that lost
+        entries are also multiplied by (kept entries / all entries), so
+        that a mean (which divides by the kept entries) keeps dividing by
+        the full degree, as its unbiased estimate requires."""
+        crow, col, value = adj_t.crow_indices(), adj_t.col_indices(), adj_t.values()
+        kept = self.factor != 0
+        if position_map is None:  # positions ascend (the sampler's cut edges)
+            pos = self.position
+            dropped = pos[~kept]
+        else:
+            pos = position_map[self.position]
+            dropped = pos[~kept].sort().values
+        keep = torch.ones(col.numel(), dtype=torch.bool, device=col.device)
+        keep[dropped] = False
+        lost = torch.bincount(torch.searchsorted(crow, dropped, right=True) - 1,
+                              minlength=crow.numel() - 1)
+        new_crow = crow.clone()
+        new_crow[1:] -= lost.cumsum(0)
+        survivors = keep.nonzero().view(-1)
+        new_col, new_value = col.index_select(0, survivors), value.index_select(0, survivors)
+        kept_pos = pos[kept]  # where the kept patched entries moved to
+        kept_pos = kept_pos - torch.searchsorted(dropped, kept_pos)
+        new_col[kept_pos] = self.col[kept]
+        new_value[kept_pos] *= self.factor[kept].to(value.dtype)
+        if mean and dropped.numel() > 0:
+            length = new_crow.diff()
+            ratio = (length / (length + lost).clamp(min=1)).to(value.dtype)
+            new_value *= ratio.repeat_interleave(length, output_size=new_value.numel())
+        return csr_tensor(new_crow, new_col, new_value, (adj_t.size(0), num_cols))
 
 
 class CompactGraph(NamedTuple):
@@ -55,7 +83,8 @@ class HaloPlan:
     stay unbiased. It is given either per edge (``edge_keep`` /
     ``edge_scale`` over the partition's edges) or, when few edges change
     (BNS drops only cut edges), as an :class:`EdgePatch`; layers ask for
-    the form they run on with :meth:`adjacency`, built once per plan.
+    the form they run on with :meth:`adjacency`, built once per plan and
+    holding the surviving edges only.
     """
 
     def __init__(self, data, send_index: Tensor, send_counts: List[int],
@@ -236,21 +265,17 @@ class HaloPlan:
         r"""The plan's graph for a layer aggregating with :obj:`aggr`: the
         ``edge_index`` of the surviving edges (per-edge path: the weights of
         :meth:`edge_weight` go on the messages) or a CSR ``adj_t`` whose
-        values carry them (fused path). With a patch, sums and means run on
-        the partition's CSR with dropped edges as zero entries: its row
-        lengths stay the full degrees, which is exactly the mean's unbiased
-        denominator."""
+        values carry them (fused path). Either holds the surviving edges
+        only (a patch is applied by :meth:`EdgePatch.apply`), so a sampled
+        iteration stores and aggregates only its kept halo rows and edges."""
         if self.is_exact:
             return self.data.adj_t if fused else self.data.edge_index
         if not fused:
             return self.edge_index
-        if self.patch is not None and aggr in SUM_AGGRS + ("mean", ):
-            key = ("adj_t", "patched")
-        else:
-            key = ("adj_t", aggr if aggr in SUM_AGGRS + ("mean", ) else None)
+        key = ("adj_t", aggr if aggr in SUM_AGGRS + ("mean", ) else None)
         if key not in self.cache:
-            if key[1] == "patched":
-                adj = self.patch.apply(self.data.adj_t, self.num_src)
+            if self.patch is not None and key[1] is not None:
+                adj = self.patch.apply(self.data.adj_t, self.num_src, mean=aggr == "mean")
             else:
                 adj = csr(self.edge_index, self.edge_weight(aggr), self.num_inner,
                           self.num_src, self.data.adj_t.dtype)

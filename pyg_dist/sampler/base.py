@@ -118,7 +118,7 @@ class BoundarySampler:
     def cut_patch(self, halo_keep: Tensor, kept: Tensor, scale: Tensor) -> EdgePatch:
         r"""The cut edges as a patch of the partition's graph: the
         :obj:`kept` ones point at their received halo row with weight
-        :obj:`scale`, the others become zero entries."""
+        :obj:`scale`, the others are dropped."""
         new_id = self.data.num_inner + halo_keep.cumsum(0) - 1
         return EdgePatch(self.cut_edge, torch.where(kept, new_id[self.cut_src], 0),
                          kept * scale)

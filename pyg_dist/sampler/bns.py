@@ -30,8 +30,10 @@ class BNSSampler(BoundarySampler):
     degree) and GCN aggregation (which keeps the whole graph's degree
     normalisation). A plan is a patch of the cut edges only
     (:class:`~pyg_dist.comm.plan.EdgePatch`: new source id, weight
-    :math:`\chi_j/p`), so sampling costs :math:`O(|E_{\mathrm{cut}}|)`, not
-    :math:`O(|E|)`, per iteration.
+    :math:`\chi_j/p`), so drawing it costs :math:`O(|E_{\mathrm{cut}}|)`,
+    and the iteration's graph is compact: it allocates, receives and
+    aggregates only the kept halo rows and their edges, so memory and
+    aggregation work fall with :math:`p` (BNS-GCN §3.2).
     Attention layers (GAT) get the sampled graph unscaled: the softmax
     renormalises over the kept neighbours. :math:`p = 1` is the exact plan
     itself; :math:`p = 0` isolates the partitions (no exchange at all).
