@@ -61,11 +61,19 @@ def load_default_graph(workdir: str, num_nodes: Optional[int]):
                         **({"num_nodes": num_nodes} if num_nodes else {}))
 
 
-def run(net, root: str, out: str, flags: List[str], args) -> List[Dict[str, Any]]:
+def run(net, root: str, out: str, flags: List[str], args,
+        wire: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
     r"""``pyg-dist train`` on partitions :obj:`root`, one process per rank
     of :obj:`net` (``--epochs``, ``--hidden`` and ``--timeout`` from
     :obj:`args`; evaluation in the last epoch unless :obj:`flags` say
-    otherwise); returns the rows of its ``metrics.jsonl``."""
+    otherwise); returns the rows of its ``metrics.jsonl``.
+
+    A :obj:`wire` dict gets what the ranks' links carried over the whole
+    run (:attr:`netem.LaunchResult.wire_bytes`): ``sent`` and ``received``
+    (bytes, all ranks) and ``per_rank``, all :obj:`None` on loopback. That is
+    everything: start-up and rendezvous, every epoch (the first included),
+    evaluation, gradient all-reduce, metric reductions and the TCP/IP/Ethernet
+    headers, so more than the rows' ``bytes_sent`` (halo payload only)."""
     cmd = [sys.executable, "-m", "pyg_dist.cli", "train", "--root", root, "--out", out,
            "--epochs", str(args.epochs), "--eval-every", str(args.epochs),
            "--hidden", str(args.hidden), "--no-progress", "--no-plots",
@@ -73,7 +81,9 @@ def run(net, root: str, out: str, flags: List[str], args) -> List[Dict[str, Any]
     env = {"PYTHONWARNINGS": "ignore"}
     if getattr(args, "pin_malloc", False):  # large tensors mmapped and returned: RSS = live
         env.update(MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
-    net.launch(cmd, env=env, timeout=args.timeout).check()
+    result = net.launch(cmd, env=env, timeout=args.timeout).check()
+    if wire is not None:
+        wire.update(sent=result.sent, received=result.received, per_rank=result.wire_bytes)
     with open(osp.join(out, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
 

@@ -14,11 +14,27 @@ ratio resembles a cluster's:
   the requested rate within 1% from 100mbit to 10gbit, and with a bucket of
   at least 64 KiB it passes GSO packets whole, which keeps the CPU cost low.
 * **delay** (e.g. ``0.2ms``): the one-way rank-to-rank latency, added once
-  per packet, so a round trip grows by twice the delay. Kernels with
-  ``sch_netem`` get a ``netem delay`` qdisc on the hub's port towards each
-  rank; kernels without it (such as the reference machine's) get an NFQUEUE
-  rule in the hub namespace that hands each forwarded packet to a small
-  user-space delayer (:func:`run_delayer`), which releases it after the delay.
+  per packet by a ``netem delay`` qdisc on the hub's port towards each rank,
+  so a round trip grows by twice the delay. Only the kernel shapes: where it
+  has no ``sch_netem`` (such as the reference machine's) **no delay is
+  added** (a user-space delayer would take CPU from the ranks), and the
+  network says so: :attr:`Network.description` reads e.g. ``"1gbit, no added
+  delay (the kernel has no sch_netem; 0.2ms requested)"``, and its
+  :attr:`~Network.label` (the ``link`` of result tables) names only what was
+  applied (``"1gbit"``).
+* **wire bytes**: :meth:`Network.launch` reads every rank's veth counters
+  (bytes and packets sent and received) right before it starts the ranks and
+  after they exited, and returns the difference as
+  :attr:`LaunchResult.wire_bytes`. That is everything the processes put on
+  their links: rendezvous, halo exchange, gradient all-reduce, metric
+  reductions, retransmissions and TCP/IP/Ethernet headers (plus the odd ARP
+  or IPv6 neighbour packet). veth counts a GSO packet (up to 64 KiB) once,
+  with its headers once; on shaped links the rank's ``tbf`` also counts
+  what it sent per 1500-byte frame, headers in every frame, as a real NIC
+  would send it and as the rate is charged (``tx_frame_bytes``,
+  ``tx_frames``: about 4% above ``tx_bytes`` for bulk transfers).
+  :class:`LoopbackNetwork` reports :obj:`None`: all ranks share ``lo``,
+  whose counters cannot tell them apart (and include whatever else uses it).
 
 Only addresses in namespaces created here are used (``10.77.0.{rank + 1}/24``),
 the root namespace's interfaces and routes are never touched, and everything
@@ -31,27 +47,27 @@ with the same interface and says so, so callers need no branches::
     from netem import network_for, parse_link
 
     with network_for(num_ranks=2, link=parse_link("1gbit,0.2ms")) as net:
+        print(net.description)  # e.g. "1gbit, no added delay (...)"
         result = net.launch([sys.executable, "train.py"], timeout=600)
         result.check()
+        print(result.sent)  # bytes all ranks sent on their links (None: loopback)
 
-Self-check (needs root for the emulated part)::
+Self-check (needs root for the emulated part): measured throughput and round
+trip against loopback, and the wire bytes beside the payload bytes::
 
-    python benchmarks/netem.py --link 1gbit,0.1ms --link 100mbit,1ms --ranks 2
+    python benchmarks/netem.py --link 1gbit --link 100mbit,1ms --ranks 2
 """
 import argparse
-import collections
 import contextlib
-import ctypes
+import dataclasses
 import functools
 import json
 import os
 import re
-import select
 import shutil
 import signal
 import socket
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -68,13 +84,17 @@ MTU = 1500
 GOODPUT = (MTU - 52) / (MTU + 14)
 DEFAULT_MASTER_PORT = 29500  # every rank namespace has its own port space
 _FAIL_GRACE = 3.0  # seconds the other ranks get to exit once one has failed
-_NFQUEUE_NUM = 0
+NO_NETEM = "the kernel has no sch_netem"
+# The counters of a rank's link: its veth end's, and on shaped links those of
+# its tbf, which counts every 1500-byte frame with its headers.
+WIRE_KEYS = ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")
+FRAME_KEYS = ("tx_frame_bytes", "tx_frames")
 
 Command = Sequence[str]
 
 
 class NetworkSetupError(RuntimeError):
-    r"""An ``ip``, ``tc``, ``iptables`` or ``sysctl`` call failed."""
+    r"""An ``ip`` or ``tc`` call failed."""
 
 
 # Link specifications #########################################################
@@ -160,9 +180,9 @@ def parse_link(spec: str) -> Link:
 # Running ip / tc #############################################################
 
 def _run(cmd: Command, timeout: float = 30.0) -> str:
-    r"""Runs one set-up command and returns its output. Every ``ip``, ``tc``,
-    ``iptables`` and ``sysctl`` call goes through here, so that a failure
-    names the command and the tool's own explanation."""
+    r"""Runs one set-up command and returns its output. Every ``ip`` and
+    ``tc`` call goes through here, so that a failure names the command and
+    the tool's own explanation."""
     try:
         proc = subprocess.run(list(cmd), capture_output=True, text=True,
                               stdin=subprocess.DEVNULL, timeout=timeout)
@@ -256,54 +276,67 @@ def available() -> Tuple[bool, str]:
     return support.ok, support.reason
 
 
-@functools.lru_cache(maxsize=None)
-def _iptables() -> Optional[str]:
-    r"""An ``iptables`` for the NFQUEUE delay rule (the legacy one first: it
-    needs no nf_tables compatibility layer), installed once if missing."""
-    if not _ensure_tools(("iptables",), "iptables"):
-        return None
-    return "iptables-legacy" if shutil.which("iptables-legacy") else "iptables"
-
-
-def _nfqueue_setup(ns: str) -> List[List[str]]:
-    r"""The commands that send every bridged IPv4 packet in :obj:`ns` to
-    the delayer's queue."""
-    return [_in_ns(ns, "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1"),
-            _in_ns(ns, _iptables() or "iptables", "-A", "FORWARD", "-j", "NFQUEUE",
-                   "--queue-num", str(_NFQUEUE_NUM))]
-
-
-@functools.lru_cache(maxsize=None)
 def delay_support() -> Tuple[Optional[str], str]:
-    r"""How link delay is emulated here: ``"netem"`` (kernel qdisc),
-    ``"nfqueue"`` (user-space delayer), or :obj:`None` with the reason."""
+    r"""How link delay is emulated here: ``"netem"`` (the kernel's qdisc),
+    or :obj:`None` with the reason (such as :data:`NO_NETEM`), in which case
+    links get their rate but no added delay."""
     support = _probe()
     if not support.ok:
         return None, support.reason
     if support.netem:
         return "netem", ""
-    if _iptables() is None:
-        return None, "the kernel has no sch_netem and iptables (for NFQUEUE) is missing"
-    try:
-        with _throwaway_namespace() as ns:
-            for cmd in _nfqueue_setup(ns):
-                _run(cmd)
-    except NetworkSetupError as e:
-        return None, f"the kernel has no sch_netem, and NFQUEUE failed: {e}"
-    return "nfqueue", ""
+    return None, NO_NETEM
+
+
+def effective_link(link: Link) -> Link:
+    r""":obj:`link` as :func:`network_for` emulates it here: loopback where
+    namespaces cannot be used, without the delay where the kernel cannot add
+    it (probes once, prints nothing). Its :attr:`~Link.label` is the one
+    result tables get."""
+    if link.is_loopback or not available()[0]:
+        return Link()
+    if link.delay is not None and delay_support()[0] is None:
+        return Link(link.rate)
+    return link
 
 
 # Networks ####################################################################
 
-class LaunchResult(NamedTuple):
+@dataclass
+class LaunchResult:
     r"""What :meth:`Network.launch` returns: per rank, its exit code
-    (negative: killed by that signal) and its interleaved stdout and stderr."""
+    (negative: killed by that signal), its interleaved stdout and stderr and,
+    on an emulated network, :obj:`wire_bytes`: what the rank's link counted
+    while the processes ran (:data:`WIRE_KEYS` from its veth, and
+    :data:`FRAME_KEYS` on shaped links; everything on the wire, headers
+    included, see the module documentation), :obj:`None` where not measured
+    (loopback, whose counters all ranks share). Unpacks as ``returncodes,
+    outputs`` like the pair it used to be."""
     returncodes: List[int]
     outputs: List[str]
+    wire_bytes: Optional[List[Dict[str, int]]] = None
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.returncodes, self.outputs))
 
     @property
     def ok(self) -> bool:
         return all(code == 0 for code in self.returncodes)
+
+    @property
+    def sent(self) -> Optional[int]:
+        r"""Bytes all ranks sent on their links (:obj:`None`: not measured)."""
+        return self._total("tx_bytes")
+
+    @property
+    def received(self) -> Optional[int]:
+        r"""Bytes all ranks received on their links (:obj:`None`: not measured)."""
+        return self._total("rx_bytes")
+
+    def _total(self, key: str) -> Optional[int]:
+        if self.wire_bytes is None:
+            return None
+        return sum(rank[key] for rank in self.wire_bytes)
 
     def check(self, tail: int = 2000) -> "LaunchResult":
         r"""Raises :class:`RuntimeError` with the end of every failed rank's
@@ -318,7 +351,10 @@ class LaunchResult(NamedTuple):
 
 class Network:
     r"""What both networks share: the torchrun-style environment of a rank
-    and launching one process per rank."""
+    and launching one process per rank. :obj:`link` is what is applied,
+    :obj:`label` names it for result tables, :obj:`delay_note` says what
+    delay the links add (and why none where one was requested) and
+    :obj:`description` is both in one line."""
     label = ""
 
     def __init__(self, num_ranks: int, link: Link):
@@ -326,6 +362,11 @@ class Network:
             raise ValueError(f"num_ranks must be in 1..254 (got {num_ranks})")
         self.num_ranks = num_ranks
         self.link = link
+        self.delay_note = "no added delay"
+
+    @property
+    def description(self) -> str:
+        return f"{self.label}, {self.delay_note}"
 
     def __enter__(self) -> "Network":
         return self
@@ -366,19 +407,33 @@ class Network:
         env.update(extra or {})
         return env
 
+    def wire_counters(self) -> Optional[List[Dict[str, int]]]:
+        r"""Per rank, its link's counters since it was created (see
+        :data:`WIRE_KEYS`); :obj:`None` where links have none of their own."""
+        return None
+
     def launch(self, cmd: Union[Command, Sequence[Command]],
                env: Optional[Dict[str, str]] = None, master_port: Optional[int] = None,
                timeout: float = 600.0) -> LaunchResult:
         r"""Runs one process per rank (:obj:`cmd` for all, or one command per
         rank) and waits for all of them. Once a rank fails, the others get a
         few seconds to notice before they are killed, and all are killed
-        after :obj:`timeout` seconds or on an exception (``Ctrl-C``)."""
+        after :obj:`timeout` seconds or on an exception (``Ctrl-C``). The
+        result has the bytes each rank's link carried meanwhile
+        (:attr:`LaunchResult.wire_bytes`), read right before the first rank
+        starts and after the last one exited."""
         cmds = _per_rank(cmd, self.num_ranks)
         port = master_port or self.default_master_port()
-        return launch_processes([self.exec_prefix(r) + list(cmds[r])
-                                 for r in range(self.num_ranks)],
-                                [self.env(r, port, env) for r in range(self.num_ranks)],
-                                timeout)
+        before = self.wire_counters()
+        result = launch_processes([self.exec_prefix(r) + list(cmds[r])
+                                   for r in range(self.num_ranks)],
+                                  [self.env(r, port, env) for r in range(self.num_ranks)],
+                                  timeout)
+        after = self.wire_counters()
+        if before is None or after is None:
+            return result
+        return dataclasses.replace(result, wire_bytes=[
+            {key: a[key] - b[key] for key in a if key in b} for a, b in zip(after, before)])
 
 
 def launch_processes(cmds: Sequence[Command], envs: Sequence[Dict[str, str]],
@@ -454,11 +509,13 @@ def _kill(proc: subprocess.Popen) -> None:
 class LoopbackNetwork(Network):
     r"""All ranks on ``127.0.0.1``: the fallback where namespaces cannot be
     used, with the same interface as :class:`EmulatedNetwork` (:obj:`link`
-    is accepted for that, and ignored)."""
+    is accepted for that, and ignored). Its launches report no wire bytes:
+    the ranks share ``lo`` and its counters."""
     label = "loopback"
 
     def __init__(self, num_ranks: int, link: Optional[Link] = None):
         super().__init__(num_ranks, Link())
+        self.delay_note = "unshaped, no added delay, wire bytes not measured (shared lo)"
 
     def addr(self, rank: int) -> str:
         return "127.0.0.1"
@@ -476,7 +533,9 @@ class EmulatedNetwork(Network):
     r"""One network namespace per rank, joined through veth pairs to a bridge
     in a hub namespace, each link shaped to :obj:`link` in both directions
     (see the module documentation). A loopback :obj:`link` gives the same
-    topology unshaped.
+    topology unshaped. A delay the kernel cannot add (no ``sch_netem``) is
+    left out: :obj:`link` and :obj:`label` are what is applied,
+    :obj:`requested` what was asked for, :obj:`delay_note` says why.
 
     Namespaces are named ``{prefix}-hub`` and ``{prefix}-r{rank}``; leftovers
     of a crashed run with the same :obj:`prefix` (and processes still in
@@ -490,8 +549,15 @@ class EmulatedNetwork(Network):
             raise ValueError(f"prefix must be 1-8 lowercase letters or digits (got '{prefix}')")
         self.prefix = prefix
         self.hub = f"{prefix}-hub"
-        self.label = "veth (unshaped)" if link.is_loopback else link.label
-        self._delayer: Optional[subprocess.Popen] = None
+        self.requested = link
+        if link.delay is not None:
+            method, reason = delay_support()
+            if method is None:  # rate only: no user-space delay
+                self.link = Link(link.rate)
+                self.delay_note = f"no added delay ({reason}; {link.delay} requested)"
+            else:
+                self.delay_note = f"{link.delay} one-way delay ({method})"
+        self.label = "veth (unshaped)" if link.is_loopback else self.link.label
         self._sigterm: Any = None
         self.setup_seconds = 0.0  # how long entering took
 
@@ -526,11 +592,6 @@ class EmulatedNetwork(Network):
             self._sigterm = signal.signal(signal.SIGTERM, _exit_on_signal)
 
     def _create(self) -> None:
-        delay_method = None
-        if self.link.delay is not None:
-            delay_method, reason = delay_support()
-            if delay_method is None:
-                raise NetworkSetupError(f"cannot emulate a delay of {self.link.delay}: {reason}")
         _run(["ip", "netns", "add", self.hub])
         _run(["ip", "-n", self.hub, "link", "set", "lo", "up"])
         _run(["ip", "-n", self.hub, "link", "add", "name", "br0", "type", "bridge"])
@@ -539,9 +600,7 @@ class EmulatedNetwork(Network):
         for rank in range(self.num_ranks):
             self._add_rank(rank)
             if rate is not None:
-                self._shape(rank, _tbf_args(rate), delay_method == "netem")
-        if delay_method == "nfqueue":
-            self._start_delayer()
+                self._shape(rank, _tbf_args(rate), self.link.delay is not None)
 
     def _add_rank(self, rank: int) -> None:
         ns, port = self.ns(rank), f"veth{rank}"
@@ -574,33 +633,26 @@ class EmulatedNetwork(Network):
               "limit", "100000"])
         _run([*hub, "parent", "1:1", "handle", "10:", *tbf])
 
-    def _start_delayer(self) -> None:
-        r"""Starts :func:`run_delayer` in the hub and queues every bridged
-        IPv4 packet to it (without a listener such packets are dropped, so a
-        dead delayer shows as a dead network, not as a missing delay)."""
-        cmd = _in_ns(self.hub, sys.executable, os.path.abspath(__file__), "--delayer",
-                     str(_NFQUEUE_NUM), repr(self.link.delay_s))
-        # Its output goes to files: pipes nobody reads could fill and block it.
-        out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-        self._delayer = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                         start_new_session=True)
-        deadline = time.monotonic() + 30.0
-        while os.fstat(out.fileno()).st_size == 0:
-            if self._delayer.poll() is not None or time.monotonic() > deadline:
-                _kill(self._delayer)
-                err.seek(0)
-                raise NetworkSetupError("the NFQUEUE delayer did not start: "
-                                        + err.read().decode(errors="replace").strip())
-            time.sleep(0.01)
-        out.close()
-        err.close()
-        for cmd in _nfqueue_setup(self.hub):
-            _run(cmd)
+    def wire_counters(self) -> List[Dict[str, int]]:
+        r"""Per rank, the counters of its end of its veth pair (what the rank
+        sent and received, :data:`WIRE_KEYS`), read with ``ip -s -j link`` in
+        its namespace, and on shaped links its ``tbf``'s (:data:`FRAME_KEYS`,
+        ``tc -s -j qdisc``)."""
+        counters = []
+        for rank in range(self.num_ranks):
+            ns, dev = self.ns(rank), self.ifname(rank)
+            stats = json.loads(_run(["ip", "-n", ns, "-s", "-j", "link", "show", dev]))[0][
+                "stats64"]
+            one = {f"{d}_{k}": int(stats[d][k]) for d in ("tx", "rx") for k in ("bytes", "packets")}
+            if not self.link.is_loopback:
+                qdiscs = json.loads(_run(["tc", "-n", ns, "-s", "-j", "qdisc", "show", "dev", dev]))
+                tbf = next((q for q in qdiscs if q.get("kind") == "tbf" and q.get("root")), None)
+                if tbf is not None:
+                    one.update(tx_frame_bytes=int(tbf["bytes"]), tx_frames=int(tbf["packets"]))
+            counters.append(one)
+        return counters
 
     def _teardown(self) -> None:
-        if self._delayer is not None:
-            _kill(self._delayer)
-            self._delayer = None
         self._remove_namespaces()
         if self._sigterm is not None:
             signal.signal(signal.SIGTERM, self._sigterm)
@@ -653,8 +705,9 @@ def _tc_time(seconds: float) -> str:
 
 def network_for(num_ranks: int, link: Link, prefix: str = "pgd") -> Network:
     r"""The emulated network for :obj:`link` where it can run, else the
-    loopback one; prints which, and why when it falls back. A delay this
-    machine cannot emulate is dropped with a warning (the rate still is)."""
+    loopback one; prints which, and why when it falls back. A delay the
+    kernel cannot add is left out, and the printed line says so (the rate
+    still is applied; see :func:`effective_link`)."""
     if link.is_loopback:
         print("network: loopback")
         return LoopbackNetwork(num_ranks)
@@ -662,115 +715,9 @@ def network_for(num_ranks: int, link: Link, prefix: str = "pgd") -> Network:
     if not ok:
         print(f"network: loopback (link {link.label} not emulated: {reason})")
         return LoopbackNetwork(num_ranks)
-    if link.delay is not None:
-        method, reason = delay_support()
-        if method is None:
-            print(f"warning: delay {link.delay} not emulated: {reason}")
-            link = Link(link.rate)
-    print(f"network: emulated {link.label} ({num_ranks} ranks in namespaces {prefix}-*)")
-    return EmulatedNetwork(num_ranks, link, prefix)
-
-
-# The NFQUEUE delayer #########################################################
-# Kernels without sch_netem can still hand packets to user space (NFQUEUE),
-# which releases each one after the delay. With a constant delay packets are
-# released in arrival order, so one batch verdict ("accept every packet up to
-# id N") releases all that are due, and GSO packets are taken whole: at 1gbit
-# that is a few thousand packets a second, little work for one process.
-
-_NETLINK_NETFILTER = 12
-_NFNL_SUBSYS_QUEUE = 3 << 8
-_NFQNL_MSG_PACKET, _NFQNL_MSG_CONFIG, _NFQNL_MSG_VERDICT_BATCH = 0, 2, 3
-_NFQA_PACKET_HDR, _NFQA_VERDICT_HDR = 1, 2
-_NFQA_CFG_CMD, _NFQA_CFG_PARAMS, _NFQA_CFG_QUEUE_MAXLEN = 1, 2, 3
-_NFQA_CFG_MASK, _NFQA_CFG_FLAGS = 4, 5
-_NFQNL_CFG_CMD_BIND, _NFQNL_COPY_META = 1, 1
-_NFQA_CFG_F_GSO = 4  # hand over GSO packets unsegmented
-_NLM_F_REQUEST, _NLM_F_ACK = 1, 4
-_NF_ACCEPT = 1
-
-
-def _nl_attr(kind: int, payload: bytes) -> bytes:
-    size = 4 + len(payload)
-    return struct.pack("=HH", size, kind) + payload + b"\0" * (-size % 4)
-
-
-def _nfq_message(kind: int, queue: int, attrs: Sequence[bytes],
-                 flags: int = _NLM_F_REQUEST) -> bytes:
-    body = struct.pack("!BBH", socket.AF_UNSPEC, 0, queue) + b"".join(attrs)
-    return struct.pack("=IHHII", 16 + len(body), _NFNL_SUBSYS_QUEUE | kind, flags, 0, 0) + body
-
-
-def _nfq_configure(sock: socket.socket, queue: int, attrs: Sequence[bytes]) -> None:
-    sock.send(_nfq_message(_NFQNL_MSG_CONFIG, queue, attrs, _NLM_F_REQUEST | _NLM_F_ACK))
-    error, = struct.unpack_from("=i", sock.recv(4096), 16)
-    if error:
-        raise OSError(-error, f"configuring NFQUEUE {queue}: {os.strerror(-error)}")
-
-
-def _nfq_open(queue: int) -> socket.socket:
-    r"""Binds NFQUEUE :obj:`queue`: metadata only (no payload copies), a long
-    queue, and GSO packets whole."""
-    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_NETFILTER)
-    sock.setsockopt(socket.SOL_SOCKET, 33, 16 * 2**20)  # SO_RCVBUFFORCE
-    sock.setsockopt(270, 5, 1)  # NETLINK_NO_ENOBUFS: recv does not fail when it overflowed
-    sock.bind((0, 0))
-    _nfq_configure(sock, queue, [_nl_attr(_NFQA_CFG_CMD, struct.pack(
-        "!BBH", _NFQNL_CFG_CMD_BIND, 0, socket.AF_INET))])
-    _nfq_configure(sock, queue, [
-        _nl_attr(_NFQA_CFG_PARAMS, struct.pack("!IB", 0, _NFQNL_COPY_META)),
-        _nl_attr(_NFQA_CFG_QUEUE_MAXLEN, struct.pack("!I", 2**16)),
-        _nl_attr(_NFQA_CFG_MASK, struct.pack("!I", _NFQA_CFG_F_GSO)),
-        _nl_attr(_NFQA_CFG_FLAGS, struct.pack("!I", _NFQA_CFG_F_GSO))])
-    sock.setblocking(False)
-    return sock
-
-
-def _nfq_packet_ids(data: bytes) -> List[int]:
-    r"""The packet ids in one netlink datagram of queued packets."""
-    ids, offset = [], 0
-    while offset + 16 <= len(data):
-        size, kind = struct.unpack_from("=IH", data, offset)
-        if kind == _NFNL_SUBSYS_QUEUE | _NFQNL_MSG_PACKET:
-            pos = offset + 20  # after nlmsghdr and nfgenmsg
-            while pos + 4 <= offset + size:
-                attr_size, attr_kind = struct.unpack_from("=HH", data, pos)
-                if attr_kind & 0x3FFF == _NFQA_PACKET_HDR:
-                    ids.append(struct.unpack_from("!I", data, pos + 4)[0])
-                    break
-                pos += max(4, (attr_size + 3) & ~3)
-        offset += max(16, (size + 3) & ~3)
-    return ids
-
-
-def run_delayer(queue: int, delay: float) -> None:
-    r"""Releases every packet of NFQUEUE :obj:`queue` :obj:`delay` seconds
-    after it arrived, until killed. Prints ``ready`` once bound."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(29, 1, 0, 0, 0)  # PR_SET_TIMERSLACK: wake up on time, not 50 us late
-    try:
-        os.nice(-10)  # ranks busy on every core must not hold packets back
-    except OSError:
-        pass
-    sock = _nfq_open(queue)
-    print("ready", flush=True)
-    pending: "collections.deque[Tuple[float, int]]" = collections.deque()
-    while True:
-        timeout = max(0.0, pending[0][0] - time.monotonic()) if pending else None
-        select.select([sock], [], [], timeout)
-        now = time.monotonic()
-        while True:
-            try:
-                data = sock.recv(65536)
-            except BlockingIOError:
-                break
-            pending.extend((now + delay, pid) for pid in _nfq_packet_ids(data))
-        last = None
-        while pending and pending[0][0] <= now:
-            last = pending.popleft()[1]
-        if last is not None:
-            sock.send(_nfq_message(_NFQNL_MSG_VERDICT_BATCH, queue, [
-                _nl_attr(_NFQA_VERDICT_HDR, struct.pack("!II", _NF_ACCEPT, last))]))
+    net = EmulatedNetwork(num_ranks, link, prefix)
+    print(f"network: emulated {net.description}; {num_ranks} ranks in namespaces {prefix}-*")
+    return net
 
 
 # Self-check ##################################################################
@@ -789,8 +736,10 @@ def _timed(fn: Callable[[], Any]) -> float:
 
 def _worker(size_mb: float, reps: int) -> None:
     r"""One rank of the self-check. Rank 0 prints one JSON line: the median
-    rank 0 <-> 1 round trip of a 4-byte tensor, and three throughputs, in
-    MB/s that one rank sends:
+    rank 0 <-> 1 round trip of a 4-byte tensor, the tensor bytes all ranks
+    sent (``payload``; the barriers and timing reductions of
+    :func:`_timed`, a few KB, left out) and three throughputs, in MB/s that
+    one rank sends:
 
     * ``send_recv``: rank 0 sends :obj:`size_mb` to rank 1 (one direction),
     * ``exchange``: every rank posts ``irecv`` from, then ``isend`` to, every
@@ -838,10 +787,15 @@ def _worker(size_mb: float, reps: int) -> None:
         for req in reqs:
             req.wait()
 
-    rtt = statistics.median([round_trip() for _ in range(210)][10:])  # 10 to warm up
+    round_trips = 210
+    rtt = statistics.median([round_trip() for _ in range(round_trips)][10:])  # 10 to warm up
     sent = data.numel() * 4 / 1e6  # MB
+    # round trips: ranks 0 and 1 send 4 bytes each; send_recv: rank 0 the data;
+    # exchange and all_to_all: every rank all chunks but its own
+    payload = (round_trips * 2 * 4 + reps * data.numel() * 4
+               + 2 * reps * (world - 1) * data.numel() * 4)
     stats = {
-        "rtt_ms": rtt * 1e3,
+        "rtt_ms": rtt * 1e3, "payload": payload,
         "send_recv": sent / statistics.median([_timed(send_recv) for _ in range(reps)]),
         # a rank keeps its own chunk of an exchange: it sends (world - 1) / world
         "exchange": sent * (world - 1) / world / statistics.median(
@@ -866,8 +820,9 @@ def _measure(link: Link, num_ranks: int, size_mb: float, reps: int,
     with net:
         result = net.launch(cmd, timeout=600).check()
     stats = json.loads(result.outputs[0].strip().splitlines()[-1])
-    stats.update(label=net.label, delay_s=net.link.delay_s,
-                 expected=net.link.expected_mbps, setup_s=getattr(net, "setup_seconds", 0.0))
+    stats.update(label=net.label, description=net.description, delay_s=net.link.delay_s,
+                 expected=net.link.expected_mbps, setup_s=getattr(net, "setup_seconds", 0.0),
+                 wire=result.wire_bytes)
     return stats
 
 
@@ -886,6 +841,29 @@ def _print_table(links: List[Link], rows: List[Optional[Dict[str, float]]]) -> N
                  f"{2 * row['delay_s'] * 1e3:.2f}" if row["delay_s"] else "-",
                  f"{row['setup_s']:.2f}"]
         print("".join(f"{c:>12}" for c in cells))
+    print()
+    print("bytes of all ranks: tensor payload; wire: the veth counters (a GSO packet's "
+          "headers once); frames: the tbf's (headers in every 1500-byte frame)")
+    columns = ["link", "payload MB", "wire tx MB", "wire rx MB", "tx/payload", "packets",
+               "frames MB", "frames", "frm/payload"]
+    print("".join(f"{c:>12}" for c in columns))
+    for row in rows:
+        if row is None:
+            continue
+        wire, payload = row["wire"], row["payload"]
+        total = lambda key: sum(rank[key] for rank in wire)  # noqa: E731
+        cells = [row["label"], f"{payload / 1e6:.2f}"] + ["-"] * 7
+        if wire is not None:
+            cells[2:6] = [f"{total('tx_bytes') / 1e6:.2f}", f"{total('rx_bytes') / 1e6:.2f}",
+                          f"{total('tx_bytes') / payload:.3f}", str(total("tx_packets"))]
+        if wire is not None and all(key in wire[0] for key in FRAME_KEYS):
+            cells[6:9] = [f"{total('tx_frame_bytes') / 1e6:.2f}", str(total("tx_frames")),
+                          f"{total('tx_frame_bytes') / payload:.3f}"]
+        print("".join(f"{c:>12}" for c in cells))
+    print()
+    for row in rows:
+        if row is not None:
+            print(f"{row['label']}: {row['description']}")
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -899,12 +877,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--prefix", default="pgd", help="namespace name prefix")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--delayer", nargs=2, metavar=("QUEUE", "DELAY"),
-                        help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.delayer:
-        run_delayer(int(args.delayer[0]), float(args.delayer[1]))
-        return
     if args.worker:
         _worker(args.size_mb, args.reps)
         return

@@ -34,29 +34,35 @@ def _first_link(data: Dict[str, Any]) -> Optional[str]:
 
 def table(results: List[Dict[str, Any]], link: str) -> str:
     r"""The markdown table of one link: per method, epochs/s and its ratio
-    to exact, halo wait and bytes sent per epoch, peak memory (max and mean
-    over ranks), test accuracy (mean ± std over seeds) and the epochs and
-    seconds to the target validation accuracy. Times are of the seed with
-    the median epoch time."""
+    to exact, halo wait and bytes sent per epoch (``MB/epoch``: the halo
+    payload of a training epoch; ``wire MB/epoch``: everything the ranks
+    sent on their emulated links over the run, start-up, evaluation,
+    all-reduce and headers included, divided by the epochs; "-" where not
+    measured, such as on loopback), peak memory (max and mean over ranks),
+    test accuracy (mean ± std over seeds) and the epochs and seconds to the
+    target validation accuracy. Times are of the seed with the median epoch
+    time."""
     rows = [r for r in results if r["link"] == link]
     exact = next((r for r in _ran(rows) if r["method"] == "exact"), None)
     base = typical(exact["runs"])["epochs_per_s"] if exact else None
     lines = [f"link: {link}", "",
-             "| method | epochs/s | x exact | halo wait s | MB/epoch | peak MiB max "
-             "| peak MiB mean | test acc % | epochs to target | s to target |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| method | epochs/s | x exact | halo wait s | MB/epoch | wire MB/epoch "
+             "| peak MiB max | peak MiB mean | test acc % | epochs to target | s to target |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if not r["runs"]:
             lines.append(f"| {r['method']} | not run: {r.get('error', '?')} "
-                         "| | | | | | | | |")
+                         "| | | | | | | | | |")
             continue
         s = typical(r["runs"])
         acc, sd = mean_std([one["test_acc"] for one in r["runs"]])
         ratio = f"{s['epochs_per_s'] / base:.2f}" if base else "-"
         epochs = s.get("epochs_to_target")
+        wire = s.get("wire_bytes_per_epoch")  # missing in older results
+        wire = "-" if wire is None else f"{wire / 1e6:.2f}"
         lines.append(
             f"| {r['method']} | {s['epochs_per_s']:.2f} | {ratio} | {s['time_comm']:.3f} "
-            f"| {s['bytes_sent'] / 1e6:.2f} | {s['peak_mem_max'] / MiB:.0f} "
+            f"| {s['bytes_sent'] / 1e6:.2f} | {wire} | {s['peak_mem_max'] / MiB:.0f} "
             f"| {s['peak_mem_mean'] / MiB:.0f} | {100 * acc:.2f} ± {100 * sd:.2f} "
             f"(n={len(r['runs'])}) | {'-' if epochs is None else epochs} "
             f"| {'-' if epochs is None else format(s['seconds_to_target'], '.1f')} |")
