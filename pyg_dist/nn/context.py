@@ -263,7 +263,10 @@ class HaloContext:
         if not self.is_local_graph(edge_index):
             self.require_exact_plan()
             return edge_index
-        return self.plan.adjacency(aggr, fused)
+        if self.plan.is_exact:
+            return self.plan.adjacency(aggr, fused)
+        with self.stats.timer("sample"):  # building a sampled graph is plan building
+            return self.plan.adjacency(aggr, fused)
 
     def weighted_adjacency(self, edge_index, edge_weight: Optional[Tensor],
                            aggr: Optional[str]):

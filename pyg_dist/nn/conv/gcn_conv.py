@@ -123,7 +123,8 @@ def whole_graph_norm(ctx, edge_index, edge_weight: Optional[Tensor], improved: b
         return norm.adj_t, None
     if edge_weight is None and ("gcn_norm", key) in plan.cache:
         return plan.cache[("gcn_norm", key)], None
-    adj_t = _scaled_norm(norm, plan, dtype)
+    with ctx.stats.timer("sample"):  # building a sampled graph is plan building
+        adj_t = _scaled_norm(norm, plan, dtype)
     if edge_weight is None:
         plan.cache[("gcn_norm", key)] = adj_t
     return adj_t, None
