@@ -150,8 +150,8 @@ def memory(args, data) -> List[Dict[str, Any]]:
     for num_parts in args.memory_parts:
         root, _ = partitions(args, data, num_parts)
         with network_for(num_parts, parse_link("loopback")) as net:
-            for name, flags in MEMORY_RUNS.items():
-                one = one_run(net, root, f"mem{num_parts}-{name}", flags, args, 0,
+            for name in args.memory_runs:
+                one = one_run(net, root, f"mem{num_parts}-{name}", MEMORY_RUNS[name], args, 0,
                               args.memory_epochs)
                 results.append({"parts": num_parts, "method": name, **one})
                 print(f"  memory {num_parts} parts {name}: peak above baseline "
@@ -164,7 +164,9 @@ def memory(args, data) -> List[Dict[str, Any]]:
 def calibrate(args, root: str) -> Tuple[str, List[Dict[str, Any]]]:
     r"""The fastest ``--rates`` link at which exact's halo wait is at least
     ``--comm-share`` of its epoch (the slowest one tried if none is)."""
-    probes = []
+    probes: List[Dict[str, Any]] = []
+    if len(args.rates) == 1:  # nothing to choose from
+        return args.rates[0], probes
     for spec in args.rates:
         with network_for(args.parts, parse_link(spec)) as net:
             one = one_run(net, root, "probe-exact", [], args, 0, args.probe_epochs)
@@ -239,7 +241,8 @@ def tables(data: Dict[str, Any]) -> str:
                   "| parts | run | s/epoch | compute s | sampling % | peak above baseline MiB "
                   "| x p=1 | baseline MiB |", "|---|---|---|---|---|---|---|---|"]
         for r in mem:
-            full = next(m for m in mem if m["parts"] == r["parts"] and m["method"] == "BNS p=1")
+            full = next((m for m in mem if m["parts"] == r["parts"]
+                         and m["method"] == "BNS p=1"), r)
             lines.append(
                 f"| {r['parts']} | {r['method']} | {r['epoch_time']:.3f} | "
                 f"{r['time_compute']:.3f} | {100 * r['sample_share']:.1f} | "
@@ -294,6 +297,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--parts", type=int, default=4)
     parser.add_argument("--memory-parts", type=int, nargs="*")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--memory-runs", nargs="+", default=list(MEMORY_RUNS),
+                        choices=list(MEMORY_RUNS))
     parser.add_argument("--model", default="sage")
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--hidden", type=int, default=128)
@@ -344,6 +349,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     extra["memory_goals"] = []
     for num_parts in args.memory_parts:
         runs = {r["method"]: r for r in extra["memory"] if r["parts"] == num_parts}
+        if not {"BNS p=1", "BNS p=0.1"} <= set(runs):
+            continue
         ratio = (runs["BNS p=0.1"]["peak_above_baseline_max"]
                  / max(runs["BNS p=1"]["peak_above_baseline_max"], 1))
         extra["memory_goals"].append({"parts": num_parts, "ratio": ratio,
