@@ -39,7 +39,6 @@ Usage::
 """
 import argparse
 import json
-import os
 import os.path as osp
 import statistics
 import sys
