@@ -171,23 +171,27 @@ def _config(args: argparse.Namespace, argv: List[str]):
 
 
 def _load_dataset(args: argparse.Namespace):
-    from pyg_dist.datasets import load, load_default
-    if args.dataset != "default":
+    from pyg_dist.datasets import GENERATED, load
+    if args.dataset not in GENERATED:
         return load(args.dataset, args.data_dir)
-    return load_default(args.data_dir, seed=args.data_seed,
-                        **({"num_nodes": args.num_nodes} if args.num_nodes else {}))
+    if args.num_nodes and args.dataset == "rmat":
+        raise SystemExit("pyg-dist partition: error: --num-nodes does not apply to rmat "
+                         "(it has 2**scale nodes)")
+    return load(args.dataset, args.data_dir, seed=args.data_seed,
+                **({"num_nodes": args.num_nodes} if args.num_nodes else {}))
 
 
 def _add_dataset_args(p: argparse.ArgumentParser) -> None:
     from pyg_dist.datasets import DATASETS
     p.add_argument("--dataset", default="default", choices=DATASETS,
-                   help="'default': the embedded synthetic community graph; the others "
-                        "are read from --data-dir (see README, Datasets)")
+                   help="'default': the embedded synthetic community graph; 'rmat', "
+                        "'reddit-shaped': generated graphs in the papers' regime; the "
+                        "others are read from --data-dir (see README, Datasets)")
     p.add_argument("--data-dir", default=None, help="dataset directory (default "
                    "$PYG_DIST_DATA or ~/.cache/pyg_dist)")
     p.add_argument("--data-seed", type=int, default=0)
     p.add_argument("--num-nodes", type=_positive(int, "--num-nodes"), default=None,
-                   help="size of the generated default graph")
+                   help="size of the generated default or reddit-shaped graph")
 
 
 def _check_writable_dir(command: str, flag: str, path: str) -> None:

@@ -1,14 +1,17 @@
 r"""The datasets of the papers (OGB and PyG), read from disk by their own
-loaders; nothing is downloaded, so a missing dataset says where its files go."""
-import os
+loaders; nothing is downloaded, so a missing dataset says where its files go.
+The generated graphs (the default one and two in the papers' regime) are
+registered here too."""
 import os.path as osp
-from typing import List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.utils import to_undirected
 
+from pyg_dist.datasets.cache import default_root
+from pyg_dist.datasets.regime import load_reddit_shaped, load_rmat
 from pyg_dist.datasets.synthetic import load_default
 
 _OGB = {  # name -> (symmetrise, download url)
@@ -25,14 +28,19 @@ _PYG = {  # name -> (class name, raw files, where they come from)
     "yelp": ("Yelp", _SAINT_FILES, "GraphSAINT's Google Drive folder"),
     "amazon-products": ("AmazonProducts", _SAINT_FILES, "GraphSAINT's Google Drive folder"),
 }
-DATASETS: List[str] = ["default", *_OGB, *_PYG]
+GENERATED: Dict[str, Callable[..., Data]] = {  # name -> caching generator
+    "default": load_default,
+    "rmat": load_rmat,
+    "reddit-shaped": load_reddit_shaped,
+}
+DATASETS: List[str] = [*GENERATED, *_OGB, *_PYG]
 
 
 class DatasetNotFound(FileNotFoundError):
     r"""A dataset is not on disk (and this package never downloads)."""
 
 
-def load(name: str, root: Optional[str] = None) -> Data:
+def load(name: str, root: Optional[str] = None, **kwargs: Any) -> Data:
     r"""The dataset :obj:`name` (one of :data:`DATASETS`) as one PyG ``Data``
     with ``x``, ``y``, ``edge_index`` and ``train_mask`` / ``val_mask`` /
     ``test_mask``, read from :obj:`root` (default ``$PYG_DIST_DATA`` or
@@ -47,15 +55,20 @@ def load(name: str, root: Optional[str] = None) -> Data:
       under ``root/<name>/`` (``raw/`` holds the downloaded files). Yelp and
       AmazonProducts are multi-label: ``y`` is a float ``[N, C]`` multi-hot
       matrix (train with BCE, evaluate micro-F1: :func:`evaluate`).
-    * ``default``: the embedded generated graph (:func:`load_default`).
+    * ``default``, ``rmat``, ``reddit-shaped``: generated offline and cached
+      under ``root`` (:func:`load_default`, :func:`load_rmat`,
+      :func:`load_reddit_shaped`); :obj:`kwargs` (e.g. ``seed``,
+      ``num_nodes``) go to their generator.
 
     A dataset that is neither processed nor downloaded raises
     :class:`DatasetNotFound` naming the files and the folder they go in.
     """
-    root = osp.expanduser(root or os.environ.get("PYG_DIST_DATA",
-                                                 osp.join("~", ".cache", "pyg_dist")))
-    if name == "default":
-        return load_default(root)
+    root = default_root(root or None)
+    if name in GENERATED:
+        return GENERATED[name](root, **kwargs)
+    if kwargs and (name in _OGB or name in _PYG):
+        raise TypeError(f"Dataset '{name}' is read from disk and takes no generator "
+                        f"arguments (got {', '.join(sorted(kwargs))})")
     if name in _OGB:
         return _load_ogb(name, root)
     if name in _PYG:

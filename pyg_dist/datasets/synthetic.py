@@ -40,15 +40,13 @@ takes a few seconds at the default size (100K nodes, ~2M directed edges).
 """
 from __future__ import annotations
 
-import hashlib
-import inspect
-import os
-import os.path as osp
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
 import torch
 from torch_geometric.data import Data
+
+from pyg_dist.datasets.cache import load_generated
 
 _TENSOR_KEYS = ('x', 'y', 'edge_index', 'community', 'train_mask', 'val_mask',
                 'test_mask')
@@ -164,28 +162,5 @@ def load_default(root: Optional[str] = None, seed: int = 0,
         **kwargs: Overrides for :func:`synthetic_communities` (e.g. a smaller
             ``num_nodes``); they are part of the cache file name.
     """
-    if root is None:
-        root = os.environ.get('PYG_DIST_DATA',
-                              osp.join('~', '.cache', 'pyg_dist'))
-    root = osp.expanduser(root)
-    # Key the file on *all* resolved parameters (defaults included), so a
-    # different seed, size or changed default never reuses a stale file.
-    params = inspect.signature(synthetic_communities).bind(seed=seed, **kwargs)
-    params.apply_defaults()
-    digest = hashlib.sha1(repr(sorted(params.arguments.items())).encode())
-    name = (f"synthetic_communities_n{params.arguments['num_nodes']}_"
-            f"seed{seed}_{digest.hexdigest()[:10]}.pt")
-    path = osp.join(root, name)
-
-    if osp.exists(path):
-        # Plain tensor dict, so the safe `weights_only` loader suffices.
-        return Data(**torch.load(path, weights_only=True))
-
-    data = synthetic_communities(seed=seed, **kwargs)
-    os.makedirs(root, exist_ok=True)
-    # Write-then-rename so concurrent ranks never read a half-written file.
-    tmp = f'{path}.{os.getpid()}.tmp'
-    out: Dict[str, torch.Tensor] = {k: data[k] for k in _TENSOR_KEYS}
-    torch.save(out, tmp)
-    os.replace(tmp, path)
-    return data
+    return load_generated(synthetic_communities, root, ('n', 'num_nodes'),
+                          _TENSOR_KEYS, seed=seed, **kwargs)

@@ -1,0 +1,64 @@
+r"""Generate-once caching of the generated datasets: a graph is built by its
+generator on first use and read back from ``root`` afterwards."""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import os.path as osp
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import torch
+from torch_geometric.data import Data
+
+
+def default_root(root: Optional[str] = None) -> str:
+    r"""The dataset directory: :obj:`root`, else ``$PYG_DIST_DATA``, else
+    ``~/.cache/pyg_dist`` (user-expanded)."""
+    if root is None:
+        root = os.environ.get('PYG_DIST_DATA',
+                              osp.join('~', '.cache', 'pyg_dist'))
+    return osp.expanduser(root)
+
+
+def load_generated(generate: Callable[..., Data], root: Optional[str],
+                   size: Tuple[str, str], keys: Sequence[str],
+                   **kwargs: Any) -> Data:
+    r"""Returns :obj:`generate(**kwargs)`, generating it once and caching the
+    tensors :obj:`keys` under :obj:`root` (see :func:`default_root`).
+
+    The file is named
+    ``{generate.__name__}_{tag}{value}_seed{seed}_{digest}.pt`` where
+    :obj:`size` is ``(tag, parameter)`` (e.g. ``("n", "num_nodes")``) and
+    ``digest`` hashes *all* resolved parameters of :obj:`generate`.
+
+    Args:
+        generate (callable): The generator; it must take a ``seed``.
+        root (str, optional): Cache directory.
+        size (Tuple[str, str]): File name tag and the parameter it shows.
+        keys (Sequence[str]): The tensors of the returned ``Data`` to store.
+        **kwargs: Arguments of :obj:`generate`.
+    """
+    root = default_root(root)
+    # Key the file on *all* resolved parameters (defaults included), so a
+    # different seed, size or changed default never reuses a stale file.
+    params = inspect.signature(generate).bind(**kwargs)
+    params.apply_defaults()
+    args = params.arguments
+    digest = hashlib.sha1(repr(sorted(args.items())).encode())
+    name = (f"{generate.__name__}_{size[0]}{args[size[1]]}_"
+            f"seed{args['seed']}_{digest.hexdigest()[:10]}.pt")
+    path = osp.join(root, name)
+
+    if osp.exists(path):
+        # Plain tensor dict, so the safe `weights_only` loader suffices.
+        return Data(**torch.load(path, weights_only=True))
+
+    data = generate(**kwargs)
+    os.makedirs(root, exist_ok=True)
+    # Write-then-rename so concurrent ranks never read a half-written file.
+    tmp = f'{path}.{os.getpid()}.tmp'
+    out: Dict[str, torch.Tensor] = {k: data[k] for k in keys}
+    torch.save(out, tmp)
+    os.replace(tmp, path)
+    return data
