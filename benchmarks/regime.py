@@ -296,7 +296,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--num-nodes", type=int, help="size of a generated graph")
     parser.add_argument("--parts", type=int, default=4)
     parser.add_argument("--memory-parts", type=int, nargs="*")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS),
+                        help="none: only the boundary table and the memory runs")
     parser.add_argument("--memory-runs", nargs="+", default=list(MEMORY_RUNS),
                         choices=list(MEMORY_RUNS))
     parser.add_argument("--model", default="sage")
@@ -357,6 +358,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                                       "met": ratio <= MEMORY_GOAL})
     checkpoint()
 
+    if not args.methods:
+        return
     root, _ = partitions(args, data, args.parts)
     spec, extra["probes"] = calibrate(args, root)
     extra["link"] = spec
