@@ -25,7 +25,9 @@ python3 -m venv --clear "$ENV"
 
 # 2. sdists of torch-scatter / torch-sparse (no wheels for torch 2.13 on the registry)
 rm -rf "$SRC" && mkdir -p "$SRC" && cd "$SRC"
-"$PIP" download -q --no-binary :all: --no-deps torch-scatter==2.1.2 torch-sparse==0.6.18
+# (their metadata step imports torch: no build isolation, so it sees $ENV's)
+"$PIP" download -q --no-binary :all: --no-deps --no-build-isolation \
+  torch-scatter==2.1.2 torch-sparse==0.6.18
 tar xzf torch_scatter-2.1.2.tar.gz
 tar xzf torch_sparse-0.6.18.tar.gz
 

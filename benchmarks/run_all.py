@@ -11,7 +11,11 @@ epochs with every method of :data:`METHODS`:
 * single-process PyG: full-graph, ``NeighborLoader`` (fan-outs 10, 5, 5)
   and ``ClusterLoader`` (ClusterGCN, 4M clusters, 4 per batch), in a Python
   with torch-sparse or pyg-lib for the two loaders (``--pyg-python``,
-  ``make bench-env``; without one they are reported as not run);
+  ``make bench-env``; without one they are reported as not run), and PyG's
+  multi-process recipe (DDP, one ``NeighborLoader`` per process, ``--parts``
+  processes); each in its fastest configuration (adjacency form, threads,
+  loader workers: :func:`pyg_baselines.tuned` probes them once, the JSON
+  keeps every probe);
 * pyg_dist, one process per partition (``pyg-dist train``): exact, BNS-GCN
   p = 0.1 and 0.01, PipeGCN-GF, PSC-GCN (VR sampler ε = 0.1, τ = 2, the
   inclusion feature cache at 25% of the halo), SANCUS (``fixed:2``, the
@@ -28,6 +32,14 @@ mean ± std over ``--seeds`` seeds on the first link; the other links
 pyg_dist methods only (the single-process ones send nothing). It also
 reports CM-GCN's cost :math:`J(P)` of cohesive against random batches for
 every ``--costs`` M.
+
+Every pyg_dist run also records ``wire_bytes_per_epoch``: what all ranks
+sent on their emulated links over the whole run, divided by the epochs
+(:attr:`netem.LaunchResult.sent`: start-up, every epoch including the
+first, the evaluation after every epoch, gradient all-reduce, metric
+reductions and TCP/IP/Ethernet headers; ``bytes_sent`` is the halo payload
+of training epochs 2 onwards only). :obj:`None` on loopback, whose counters
+all ranks share.
 
 Output: one markdown table per link (:mod:`report`), the PNG figures of
 the papers (``report.FIGURES``) and the JSON, written after every run
@@ -53,7 +65,7 @@ import pyg_baselines  # noqa: E402
 import report  # noqa: E402
 from common import (RESULTS_DIR, add_targets, load_default_graph, partitions,  # noqa: E402
                     run, save, summarize)
-from netem import network_for, parse_link  # noqa: E402
+from netem import effective_link, network_for, parse_link  # noqa: E402
 
 from pyg_dist.partition import PartitionBook  # noqa: E402
 
@@ -68,6 +80,7 @@ METHODS: Dict[str, Method] = {
     "PyG full-graph": Method("pyg", ["full"]),
     "PyG NeighborLoader": Method("pyg", ["neighbor"]),
     "PyG ClusterLoader": Method("pyg", ["cluster"]),
+    "PyG DDP NeighborLoader": Method("pyg", ["ddp"]),  # --parts processes
     "exact": Method("dist", []),
     "BNS p=0.1": Method("dist", ["--sampler", "bns", "--p", "0.1"]),
     "BNS p=0.01": Method("dist", ["--sampler", "bns", "--p", "0.01"]),
@@ -167,12 +180,15 @@ def main(argv: Optional[List[str]] = None) -> None:
     loader_flags = {"neighbour loader": ["--fanout", ",".join(map(str, args.fanout)),
                                          "--batch-size", str(batch_size)]}
 
-    first = parse_link(args.links[0]).label
+    first = effective_link(parse_link(args.links[0])).label  # as network_for labels it
     for name in (m for m in args.methods if METHODS[m].kind == "pyg"):
         result = {"method": name, "link": first, "kind": "pyg", "runs": []}
         kind = METHODS[name].flags[0]  # full-graph needs no loader backend
-        python = sys.executable if kind == "full" else args.pyg_python
-        try:
+        python = pyg_baselines.python_for(kind, args.pyg_python)
+        try:  # probed once, then every seed in the fastest configuration
+            result["config"], result["probes"] = pyg_baselines.tuned(python, kind, args)
+            print(f"  {name}: fastest of {len(result['probes'])} probes: {result['config']}",
+                  flush=True)
             for seed in range(args.seeds):
                 result["runs"].append({"seed": seed, **summarize(
                     pyg_baselines.run(python, kind, args, seed))})
@@ -195,9 +211,12 @@ def main(argv: Optional[List[str]] = None) -> None:
                           "flags": method.flags + loader_flags.get(name, []), "runs": []}
                 for seed in range(args.seeds if i == 0 else 1):
                     out = osp.join(args.workdir, "runs", f"{i}-{name}-{seed}".replace(" ", "_"))
+                    wire: Dict[str, Any] = {}
                     rows = run(net, roots[method.kind], out, result["flags"] + [
-                        "--seed", str(seed), "--eval-every", "1"], args)
-                    result["runs"].append({"seed": seed, **summarize(rows)})
+                        "--seed", str(seed), "--eval-every", "1"], args, wire=wire)
+                    result["runs"].append({"seed": seed, **summarize(rows),
+                                           "wire_bytes_per_epoch": None if wire["sent"] is None
+                                           else wire["sent"] / args.epochs})
                     print(f"  {net.label} {name} seed {seed}: "
                           f"{result['runs'][-1]['epoch_time']:.3f} s/epoch, "
                           f"acc {result['runs'][-1]['test_acc']:.4f}", flush=True)

@@ -136,28 +136,46 @@ def test_pyg_baselines_full_graph_probes_every_form_and_keeps_the_fastest(tmp_pa
     assert "| PyG full-graph | adj=" in stdout and "(best)" in stdout
 
 
-def test_pyg_baselines_loaders_and_ddp(tmp_path):
-    python = next((p for p in (sys.executable, BENCH_ENV)
-                   if subprocess.run([p, "-c", "import torch_geometric.typing as t; "
-                                      "assert t.WITH_TORCH_SPARSE or t.WITH_PYG_LIB"],
-                                     capture_output=True).returncode == 0
-                   if os.path.exists(p)), None)
+def _loader_python():
+    r"""A Python with a backend of PyG's loaders (torch-sparse or pyg-lib)."""
+    probe = ("import importlib.util as u; "
+             "assert u.find_spec('torch_sparse') or u.find_spec('pyg_lib')")
+    return next((p for p in (sys.executable, BENCH_ENV) if os.path.exists(p) and
+                 subprocess.run([p, "-c", probe], capture_output=True).returncode == 0), None)
+
+
+def test_pyg_baselines_neighbor_loader_probes_forms_and_workers(tmp_path):
+    python = _loader_python()
     stdout, saved = _bench(tmp_path, "pyg_baselines.py", "--quick", "--baselines", "neighbor",
-                           "ddp", "--num-nodes", "1000", "--epochs", "2", "--num-batches", "3",
-                           "--forms", "csr", "edge_index", "--workers-grid", "1", "--procs",
-                           "2", "--pyg-python", python or str(tmp_path / "no-python"))
-    neighbor, ddp = saved["results"]
+                           "--num-nodes", "1000", "--epochs", "2", "--num-batches", "3",
+                           "--forms", "csr", "edge_index", "--workers-grid", "1",
+                           "--threads-grid", "1",
+                           "--pyg-python", python or str(tmp_path / "no-python"))
+    (r, ) = saved["results"]
     if python is None:  # no loader backend: reported with its reason, not dropped
-        assert "make bench-env" in neighbor["error"] and "make bench-env" in ddp["error"]
+        assert "make bench-env" in r["error"]
         pytest.skip("no Python with torch-sparse or pyg-lib (make bench-env)")
-    for r in (neighbor, ddp):
-        configs = [p["config"] for p in r["probes"]]
-        assert {c["adj"] for c in configs} == {"csr", "edge_index"}
-        assert {c["workers"] for c in configs} == {0, 1}
-        assert r["config"] == min(r["probes"], key=lambda p: p["s_per_epoch"])["config"]
-        assert r["summary"]["test_acc"] > 0 and len(r["summary"]["epoch_times"]) == 2
-    assert len(ddp["summary"]["peak_mem_per_rank"]) == 2 and ddp["procs"] == 2
-    assert "| PyG DDP NeighborLoader | adj=" in stdout
+    configs = [p["config"] for p in r["probes"]]
+    assert [(c["adj"], c["workers"]) for c in configs][:2] == [("csr", 0), ("edge_index", 0)]
+    assert len(configs) == 3 and configs[2]["workers"] == 1
+    assert r["config"] == min(r["probes"], key=lambda p: p["s_per_epoch"])["config"]
+    assert r["summary"]["test_acc"] > 0 and len(r["summary"]["epoch_times"]) == 2
+    assert "| PyG NeighborLoader | adj=" in stdout and "(best)" in stdout
+
+
+def test_pyg_baselines_ddp_one_loader_per_process(tmp_path):
+    python = _loader_python()
+    if python is None:
+        pytest.skip("no Python with torch-sparse or pyg-lib (make bench-env)")
+    stdout, saved = _bench(tmp_path, "pyg_baselines.py", "--quick", "--baselines", "ddp",
+                           "--num-nodes", "1000", "--epochs", "2", "--num-batches", "3",
+                           "--procs", "2", "--no-tune", "--adj", "csr", "--workers", "1",
+                           "--pyg-python", python)
+    (r, ) = saved["results"]
+    assert r["config"] == {"adj": "csr", "threads": 1, "workers": 1} and r["procs"] == 2
+    assert r["summary"]["test_acc"] > 0 and len(r["summary"]["epoch_times"]) == 2
+    assert len(r["summary"]["peak_mem_per_rank"]) == 2  # one peak per process
+    assert "| PyG DDP NeighborLoader | adj=csr, threads=1, workers=1, procs=2 |" in stdout
 
 
 def test_overhead_one_partition_alternates_repetitions(tmp_path):
