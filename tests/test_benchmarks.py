@@ -191,25 +191,22 @@ def test_overhead_one_partition_alternates_repetitions(tmp_path):
     assert saved["rows"][1]["ratio"] == ratio["median"] and "target <= 1.05x" in stdout
 
 
-@pytest.mark.parametrize("dataset,flags", [
-    ("reddit-shaped", ["--memory-parts", "2", "--memory-runs", "BNS p=1", "BNS p=0.1"]),
-    ("rmat", ["--memory-parts"]),
-])
-def test_regime_suite_quick_on_the_papers_graphs(tmp_path, dataset, flags):
-    r"""benchmarks/regime.py --quick end to end on each papers'-regime graph:
-    the boundary table, BNS memory runs, the link calibration, the methods
-    with their goals, the JSON and the markdown."""
-    stdout, saved = _bench(tmp_path, "regime.py", "--quick", "--dataset", dataset,
-                           "--methods", "exact", "BNS p=0.1", *flags)
+def test_regime_suite_quick_on_the_papers_graph(tmp_path):
+    r"""benchmarks/regime.py --quick end to end on the Reddit-shaped graph:
+    the boundary table, BNS memory runs, the link choice, the methods with
+    their goals, the JSON and the markdown (rmat's loading and partitioning:
+    tests/test_regime_datasets.py)."""
+    stdout, saved = _bench(tmp_path, "regime.py", "--quick", "--methods", "exact",
+                           "BNS p=0.1", "--memory-parts", "2", "--memory-runs", "BNS p=1",
+                           "BNS p=0.1")
     four = next(p for p in saved["partitions"] if p["parts"] == 4)
-    assert len(four["stats"]) == 4
-    if dataset == "reddit-shaped":  # the regime: as many boundary nodes as inner ones
-        assert min(s["halo_ratio"] for s in four["stats"]) >= 1
-        memory = {r["method"]: r for r in saved["memory"]}
-        assert list(memory) == ["BNS p=1", "BNS p=0.1"]
-        assert all(r["peak_above_baseline_max"] > 0 for r in memory.values())
-        assert memory["BNS p=0.1"]["bytes_sent"] < 0.2 * memory["BNS p=1"]["bytes_sent"]
-        assert [g["parts"] for g in saved["memory_goals"]] == [2]
+    # the regime: as many boundary nodes as inner ones in every part
+    assert len(four["stats"]) == 4 and min(s["halo_ratio"] for s in four["stats"]) >= 1
+    memory = {r["method"]: r for r in saved["memory"]}
+    assert list(memory) == ["BNS p=1", "BNS p=0.1"]
+    assert all(r["peak_above_baseline_max"] > 0 for r in memory.values())
+    assert memory["BNS p=0.1"]["bytes_sent"] < 0.2 * memory["BNS p=1"]["bytes_sent"]
+    assert [g["parts"] for g in saved["memory_goals"]] == [2]
     assert saved["probes"] == [] and saved["link"] == "loopback"  # one rate: no calibration
     runs = {r["method"]: r["summary"] for r in saved["methods"]}
     assert list(runs) == ["exact", "BNS p=0.1"]
