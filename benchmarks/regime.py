@@ -33,7 +33,7 @@ Output: the tables (printed and ``--out`` with ``.md``) and the JSON
 
 Usage::
 
-    python benchmarks/regime.py                 # full: ~1 h on 2 cores
+    python benchmarks/regime.py                 # full: 53 min on 2 cores
     python benchmarks/regime.py --quick         # tiny graph, loopback, 2 epochs
     python benchmarks/regime.py --report benchmarks/results/regime.json
 """
@@ -76,7 +76,7 @@ MEMORY_RUNS = {"exact": [], "BNS p=1": ["--sampler", "bns", "--p", "1"],
                "BNS p=0.5": ["--sampler", "bns", "--p", "0.5"], "BNS p=0.1": BNS}
 QUICK = {"num_nodes": 1500, "epochs": 2, "seeds": 1, "rates": ["loopback"],
          "memory_parts": [2], "probe_epochs": 2, "memory_epochs": 2}
-FULL = {"num_nodes": None, "epochs": 40, "seeds": 3,
+FULL = {"num_nodes": None, "epochs": 30, "seeds": 3,
         "rates": ["1gbit", "500mbit", "250mbit", "100mbit", "50mbit"],
         "memory_parts": [4, 8], "probe_epochs": 4, "memory_epochs": 4}
 
