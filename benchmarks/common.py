@@ -46,6 +46,18 @@ def save(args, results: List[Dict[str, Any]], started: float,
                    "results": results, **extra}, f, indent=1)
 
 
+def apply_preset(args, quick: Dict[str, Any], full: Dict[str, Any], name: str) -> None:
+    r"""Fills the arguments left unset from the ``--quick`` or the full
+    preset, and defaults ``--workdir`` to ``runs/bench_{name}[_quick]`` and
+    ``--out`` to ``results/{name}[_quick].json``."""
+    for key, value in (quick if args.quick else full).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    name = name + "_quick" if args.quick else name
+    args.workdir = args.workdir or osp.join("runs", "bench_" + name)
+    args.out = args.out or osp.join(RESULTS_DIR, name + ".json")
+
+
 def partitions(workdir: str, num_parts: int, num_nodes: Optional[int]) -> str:
     r"""METIS partitions of the default graph in ``workdir/parts{K}``,
     written once and reused."""

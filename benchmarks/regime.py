@@ -46,7 +46,9 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from common import MiB, RESULTS_DIR, mean_std, run, save, time_to_target  # noqa: E402
+from common import (MiB, apply_preset, mean_std, run, save, time_to_target,  # noqa: E402
+                    typical)
+from common import summarize as common_summarize  # noqa: E402
 from netem import network_for, parse_link  # noqa: E402
 
 import pyg_dist  # noqa: E402
@@ -120,27 +122,24 @@ def one_run(net, root: str, name: str, flags: List[str], args, seed: int,
 
 
 def summarize(rows: List[Dict[str, Any]], wire: Dict[str, Any], epochs: int) -> Dict[str, Any]:
-    r"""Means over the epochs after the first (times: the slowest rank's),
-    accuracy at the best validation epoch, memory per rank above baseline."""
-    timed = rows[1:] or rows
-    mean = lambda k: statistics.fmean(r.get(k) or 0.0 for r in timed)  # noqa: E731
+    r""":func:`common.summarize`'s means over the epochs after the first
+    (times: the slowest rank's), plus accuracy at the best validation
+    epoch and memory per rank above baseline."""
+    base = common_summarize(rows)
     best = max(rows, key=lambda r: r.get("val_acc") or -1.0)
-    per_rank = [max(col) for col in zip(*(r["peak_mem_per_rank"] for r in timed))]
+    per_rank = [max(col) for col in zip(*(r["peak_mem_per_rank"] for r in rows[1:] or rows))]
     baseline = rows[-1].get("baseline_mem_per_rank") or [0] * len(per_rank)
     above = [p - b for p, b in zip(per_rank, baseline)]
     return {
-        "epoch_time": mean("time"), "epochs_per_s": 1 / mean("time"),
-        "time_compute": mean("time_compute"), "time_comm": mean("time_comm"),
-        "time_reduce": mean("time_reduce"), "time_sample": mean("time_sample"),
-        "comm_share": mean("time_comm") / mean("time"),
-        "sample_share": mean("time_sample") / mean("time"),
-        "bytes_sent": mean("bytes_sent"),
+        **{k: base[k] for k in ("epoch_time", "epochs_per_s", "time_compute", "time_comm",
+                                "time_reduce", "time_sample", "bytes_sent", "curve")},
+        "comm_share": base["time_comm"] / base["epoch_time"],
+        "sample_share": base["time_sample"] / base["epoch_time"],
         "wire_bytes_per_epoch": None if wire.get("sent") is None else wire["sent"] / epochs,
         "peak_mem_per_rank": per_rank, "baseline_mem_per_rank": baseline,
         "peak_above_baseline_max": max(above), "peak_above_baseline_mean": statistics.fmean(above),
         "best_epoch": best["epoch"], "best_val_acc": best.get("val_acc"),
         "test_acc": best.get("test_acc"), "final_test_acc": rows[-1].get("test_acc"),
-        "curve": [(r["time"], r.get("val_acc"), r.get("test_acc")) for r in rows],
     }
 
 
@@ -203,9 +202,8 @@ def goals(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 def aggregate(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
     r"""One method's seeds: the median-time seed's numbers, accuracy mean ±
     std."""
-    typical = sorted(runs, key=lambda one: one["epoch_time"])[(len(runs) - 1) // 2]
     acc, acc_std = mean_std([one["test_acc"] for one in runs])
-    return {**{k: v for k, v in typical.items() if k != "curve"},
+    return {**{k: v for k, v in typical(runs).items() if k != "curve"},
             "test_acc": acc, "test_acc_std": acc_std, "seeds": len(runs)}
 
 
@@ -316,12 +314,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--out", default=None)
     parser.add_argument("--report", metavar="JSON", help="print the tables of a saved run")
     args = parser.parse_args(argv)
-    for key, value in (QUICK if args.quick else FULL).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    name = "regime_quick" if args.quick else "regime"
-    args.workdir = args.workdir or osp.join("runs", "bench_" + name)
-    args.out = args.out or osp.join(RESULTS_DIR, name + ".json")
+    apply_preset(args, QUICK, FULL, "regime")
     args.pin_malloc = True  # RSS tracks live tensors, so memory per rank is comparable
     return args
 

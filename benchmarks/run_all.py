@@ -63,7 +63,7 @@ sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 import cohesive  # noqa: E402
 import pyg_baselines  # noqa: E402
 import report  # noqa: E402
-from common import (RESULTS_DIR, add_targets, load_default_graph, partitions,  # noqa: E402
+from common import (add_targets, apply_preset, load_default_graph, partitions,  # noqa: E402
                     run, save, summarize)
 from netem import effective_link, network_for, parse_link  # noqa: E402
 
@@ -129,12 +129,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if len(args.fanout) != 3:
         parser.error(f"--fanout needs one fan-out per layer of the 3-layer model, "
                      f"got {args.fanout}")
-    for key, value in (QUICK if args.quick else FULL).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    name = "suite_quick" if args.quick else "suite"
-    args.workdir = args.workdir or osp.join("runs", "bench_" + name)
-    args.out = args.out or osp.join(RESULTS_DIR, name + ".json")
+    apply_preset(args, QUICK, FULL, "suite")
     if args.pyg_python is None:
         args.pyg_python = (sys.executable if pyg_baselines.has_loader_backend(sys.executable)
                            is None else "/work/bench-env/bin/python")

@@ -35,14 +35,9 @@ def peak_memory_bytes(device: torch.device = torch.device("cpu")) -> int:
     mark on CPU."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    hwm = _proc_status_bytes("VmHWM")
+    return hwm if hwm is not None else \
+        int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def current_memory_bytes(device: torch.device = torch.device("cpu")) -> int:
@@ -50,14 +45,20 @@ def current_memory_bytes(device: torch.device = torch.device("cpu")) -> int:
     resident set size (RSS) on CPU (0 where it cannot be read)."""
     if device.type == "cuda":
         return int(torch.cuda.memory_allocated(device))
+    return _proc_status_bytes("VmRSS") or 0
+
+
+def _proc_status_bytes(field: str) -> Optional[int]:
+    r"""A memory field of ``/proc/self/status`` (e.g. ``VmRSS``) in bytes;
+    ``None`` where there is none (not Linux)."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 0
+    return None
 
 
 def baseline_memory_metrics(device) -> Dict[str, Any]:
