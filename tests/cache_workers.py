@@ -63,6 +63,17 @@ def _grads(model: torch.nn.Module) -> dict:
     return {k: p.grad.clone() for k, p in model.named_parameters()}
 
 
+def _summed_grads(model: torch.nn.Module) -> dict:
+    r"""The weight gradients summed over the ranks (what the all-reduce
+    trains with): under a stale cache GCN applies :math:`\Theta` after
+    the exchange, so each rank's share of a gradient differs from the
+    exact model's while their sum is the same."""
+    grads = _grads(model)
+    for grad in grads.values():
+        dist.all_reduce(grad)
+    return grads
+
+
 class _Replayed(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, rows, cache, key, plan):
@@ -77,10 +88,11 @@ class _Replayed(torch.autograd.Function):
 class ReplayCache(HaloCache):
     r"""The pipelined semantics written out literally, as the oracle of
     :class:`PipelineCache`: at iteration :math:`t` a layer gets the exact
-    exchange of the rows its input had at iteration :math:`s = \max(t - 	au,
+    exchange of the rows its input had at iteration :math:`s = \max(t - \tau,
     0)` and the owners add the halo gradients of iteration :math:`s`, each
     smoothed by :math:`\gamma` over the iterations. Synchronous, keeps
     everything, exact plan only."""
+    stale = True  # layers exchange their input, as under PipelineCache
 
     def __init__(self, tau: int, gamma=None) -> None:
         super().__init__()
@@ -139,9 +151,9 @@ def _frozen_checks(part, cls, tau: int, gamma):
         out = pipe(part.x, part.adj_t)
         out.pow(2).sum().backward()
         pipe.dist_context.cache.step()
-        steps.append((t, out.detach(), _grads(pipe)))
+        steps.append((t, out.detach(), _summed_grads(pipe)))
     pipe.dist_context.finish()
-    return (out_exact.detach(), _grads(exact)), steps
+    return (out_exact.detach(), _summed_grads(exact)), steps
 
 
 def _training_checks(part, cls, tau: int, gamma, iterations: int = 6):
@@ -165,7 +177,7 @@ def _training_checks(part, cls, tau: int, gamma, iterations: int = 6):
                 out = model(part.x, part.adj_t)
                 out.pow(2).mean().backward()
                 cache.step()
-                steps.append((out.detach(), _grads(model)))
+                steps.append((out.detach(), _summed_grads(model)))
                 optimizer.step()
             model.dist_context.finish()
         runs.append(steps)
@@ -448,3 +460,32 @@ def gathered_batches(root: str):
     loader = CohesiveBatchLoader(part, num_batches=4, num_layers=2, seed=1)
     seen = torch.cat([part.n_id[:part.num_inner][loader.batch_of == b] for b in range(4)])
     return {"batch_of": loader.batch_of, "n_id": part.n_id[:part.num_inner], "seen": seen}
+
+
+def stale_layer_records(root: str, model_name: str, tau: int, iterations: int = 4):
+    r"""A 2-layer model trained under a :math:`\tau`-stale pipeline cache
+    with weights that change every iteration (SGD): per iteration and
+    layer, the layer's input rows, its output and its weights."""
+    from torch_geometric.nn import GCN, GraphSAGE
+    part = pyg_dist.DistData.load(root, dist.get_rank())
+    cls = {"sage": GraphSAGE, "gcn": GCN}[model_name]
+    torch.manual_seed(0)
+    cache = PipelineCache(tau)
+    model = pyg_dist.nn.distribute(cls(part.num_features, 8, 2, 4), part, cache=cache)
+    records: list = []
+
+    def record(conv, inputs, out):
+        records[-1].append((inputs[0].detach().clone(), out.detach().clone(),
+                            {k: v.detach().clone() for k, v in conv.state_dict().items()}))
+    for conv in model.convs:
+        conv.register_forward_hook(record)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    for _ in range(iterations):
+        records.append([])
+        optimizer.zero_grad()
+        model(part.x, part.adj_t).pow(2).mean().backward()
+        cache.step()
+        optimizer.step()
+    model.dist_context.finish()
+    return {"inner": part.n_id[:part.num_inner], "halo": part.n_id[part.num_inner:],
+            "records": records}

@@ -75,6 +75,60 @@ def test_pipelined_training_equals_its_definition(pipelined_models):
                                                    for k, g in grads.items()), t
 
 
+@pytest.mark.parametrize("model_name,tau", [("gcn", 1), ("gcn", 2), ("sage", 1)])
+def test_stale_cache_keeps_only_features_stale(parts2, model_name, tau):
+    r"""PipeGCN and PSC-GCN keep features stale, never weights: at iteration
+    :math:`t` every layer equals single-process PyG with the current
+    weights on the whole graph, where this rank's halo nodes carry the
+    layer's input of iteration :math:`\max(t - \tau, 0)` (weights change
+    every iteration). A layer exchanging :math:`X\Theta` (GCN's order in
+    PyG) would show the weights of an earlier iteration."""
+    from torch_geometric.nn import GCNConv, SAGEConv
+    from tests.conftest import small_graph
+    graph = small_graph()
+    ranks = pyg_dist.spawn(workers.stale_layer_records, 2, (parts2, model_name, tau),
+                           timeout=120)
+    iterations, layers = len(ranks[0]["records"]), len(ranks[0]["records"][0])
+    for t in range(iterations):
+        s = max(t - tau, 0)
+        for layer in range(layers):
+            inputs = [torch.zeros(graph.num_nodes, ranks[0]["records"][i][layer][0].size(1))
+                      for i in (t, s)]
+            for r in ranks:  # the layer's whole-graph input at iterations t and s
+                for full, i in zip(inputs, (t, s)):
+                    full[r["inner"]] = r["records"][i][layer][0]
+            for r in ranks:
+                rows, out, state = r["records"][t][layer]
+                conv = (GCNConv(rows.size(1), out.size(1)) if model_name == "gcn"
+                        else SAGEConv(rows.size(1), out.size(1)))
+                conv.load_state_dict(state)
+                mixed = inputs[0].clone()
+                mixed[r["halo"]] = inputs[1][r["halo"]]
+                with torch.no_grad():
+                    want = conv(mixed, graph.edge_index)[r["inner"]]
+                assert_fp32_close(out, want, msg=f"iteration {t}, layer {layer}")
+    first, last = ranks[0]["records"][0][0][2], ranks[0]["records"][-1][0][2]
+    assert not all(torch.equal(first[k], last[k]) for k in first)  # the weights moved
+
+
+def test_stale_cache_refuses_rows_computed_with_weights(tmp_path):
+    r"""A layer that transforms its input with its own weights before
+    propagate (SAGE's ``project``) would exchange rows that carry stale
+    weights: refused under a stale cache, fine under the exact one."""
+    from torch_geometric.nn import SAGEConv
+    from tests.conftest import small_graph
+    pyg_dist.partition_graph(small_graph(), 1, root=str(tmp_path))
+    part = pyg_dist.DistData.load(str(tmp_path), 0)
+    for cache, fails in ((None, False), (PipelineCache(1), True)):
+        layer = pyg_dist.nn.distribute(SAGEConv(part.num_features, 4, project=True), part,
+                                       cache=cache)
+        if fails:
+            with pytest.raises(NotImplementedError, match="own parameters"):
+                layer(part.x, part.adj_t)
+        else:
+            layer(part.x, part.adj_t)
+
+
 def test_dropout_goes_after_the_exchange(parts2):
     for r in pyg_dist.spawn(workers.dropout_after_exchange, 2, (parts2, ), timeout=120):
         assert r["sent_undropped"]  # the rows travel before dropout...

@@ -153,11 +153,14 @@ class HaloContext:
 
     def exchanges_raw(self, x: Tensor) -> bool:
         r"""Whether a layer given :obj:`x` should exchange it before any
-        transform: it is the input features and a feature cache holds them,
-        or it comes out of a dropout that a stale cache moves after the
-        exchange."""
+        transform with its parameters: it is the input features and a
+        feature cache holds them, or the cache is stale. A stale cache
+        (PipeGCN, PSC-GCN, SANCUS) keeps features and feature gradients
+        stale, never weights: rows transformed by a layer's parameters
+        would carry the parameters of the iteration they were computed at
+        into this one, and give the owner's weight gradient a stale term."""
         return ((self.feature_cache is not None and self.is_input_features(x))
-                or (self.active_cache.stale and hasattr(x, "_dist_dropout")))
+                or self.active_cache.stale)
 
     def fetch(self, key: str, x: Tensor, exact: bool = False) -> Tensor:
         r"""The halo rows of :obj:`x` (inner rows) the plan receives, with

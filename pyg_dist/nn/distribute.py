@@ -206,11 +206,47 @@ def _trim_input(module: MessagePassing, args):
     x = args[0] if args else None
     if ctx.plan.trim_input and isinstance(x, Tensor) and x.size(0) > ctx.num_inner:
         args[0] = x[:ctx.num_inner]
+    module._dist_input = args[0] if args else None
     return tuple(args)
 
 
 def _leave(module: MessagePassing, args, out) -> None:
+    module._dist_input = None
     gcn_norm.leave()
+
+
+def _check_features_only(module: MessagePassing, arg: str, value: Tensor) -> None:
+    r"""Refuses, under a stale cache, a layer that exchanges rows computed
+    with its own parameters (e.g. ``SAGEConv(project=True)``, whose
+    ``lin(x)`` precedes propagate): the stale rows would carry the
+    parameters of the iteration they were computed at, which PipeGCN,
+    PSC-GCN and SANCUS never do (only features and feature gradients go
+    stale). Checked once per layer and argument, on its first stale pass,
+    by walking the autograd graph from the rows back to the layer's
+    input."""
+    checked = module.__dict__.setdefault("_dist_features_only", set())
+    if arg in checked:
+        return
+    given = module._dist_input
+    given = list(given) if isinstance(given, (tuple, list)) else [given]
+    if not any(value is g for g in given):
+        stop = {g.grad_fn for g in given if isinstance(g, Tensor) and g.grad_fn is not None}
+        params = {id(p) for p in module.parameters() if p.requires_grad}
+        todo, seen = [value.grad_fn], set()
+        while todo:
+            fn = todo.pop()
+            if fn is None or fn in seen or fn in stop:
+                continue
+            seen.add(fn)
+            if id(getattr(fn, "variable", None)) in params:
+                raise NotImplementedError(
+                    f"Layer '{module._dist_key}' ({type(module).__name__}) exchanges "
+                    f"'{arg}' computed with its own parameters: a stale cache would "
+                    f"mix the weights of an earlier iteration into this one (the stale "
+                    f"methods keep only features stale). Use the exact cache, or a layer "
+                    f"that transforms after aggregating (e.g. SAGEConv without project)")
+            todo.extend(f for f, _ in fn.next_functions)
+    checked.add(arg)
 
 
 def _source_args(module: MessagePassing) -> List[str]:
@@ -243,6 +279,10 @@ def _propagate_pre_hook(module: MessagePassing, inputs):
     targets = _target_args(module)
     for arg in sources:
         value, key = kwargs.get(arg), f"{module._dist_key}.{arg}{suffix}"
+        if ctx.active_cache.stale:
+            source = value[0] if isinstance(value, (tuple, list)) else value
+            if isinstance(source, Tensor):
+                _check_features_only(module, arg, source)
         if isinstance(value, Tensor):
             # read at targets too (x_i): the targets keep the inner rows
             kwargs[arg] = ((ctx.extend(key, value), value) if arg in targets

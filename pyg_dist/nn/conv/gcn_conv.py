@@ -20,9 +20,10 @@ class DistGCNConv(GCNConv):
         \hat{d}_i}} \mathbf{x}_j
 
     with :math:`\hat{d}` the degrees of the *whole* graph, so the result
-    equals single-graph PyG. The linear transform runs before the exchange
-    (as in PyG), so only :math:`\mathbf{\Theta}^{\top}\mathbf{x}_j` of halo
-    nodes travels, computed once by their owners. Under a sampled plan the
+    equals single-graph PyG. Under the exact cache the linear transform runs
+    before the exchange (as in PyG), so only
+    :math:`\mathbf{\Theta}^{\top}\mathbf{x}_j` of halo nodes travels,
+    computed once by their owners. Under a sampled plan the
     surviving edge weights are multiplied by their :math:`1/p` and the
     normalisation stays the whole graph's.
 
@@ -30,9 +31,12 @@ class DistGCNConv(GCNConv):
     the partition's own features as input, the layer uses
     :math:`(\hat A X)\Theta` with :math:`\hat A X` aggregated once on the
     exact plan: no exchange at all, equal to the exact layer up to
-    floating-point rounding. When the halo rows must travel untransformed
-    (a feature cache holds the input features, or a stale cache exchanges
-    rows before dropout), it computes :math:`(\hat A X)\Theta` as well.
+    floating-point rounding. When the halo rows must travel untransformed,
+    it computes :math:`(\hat A X)\Theta` as well: when a feature cache
+    holds the input features, and under every stale cache, which keeps the
+    features :math:`\mathbf{x}_j` stale but always applies the current
+    :math:`\mathbf{\Theta}` (PipeGCN and PSC-GCN stale features and
+    feature gradients, never weights).
     """
 
     def forward(self, x: Tensor, edge_index: Adj,
