@@ -19,17 +19,21 @@ def _randn(seed: int, *shape) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
-def _smooth(previous, value, gamma):
+def _smooth(previous, value, gamma, from_zero: bool = False):
+    if previous is None and from_zero:
+        previous = torch.zeros_like(value)
     return value if previous is None or gamma is None else \
         gamma * previous + (1 - gamma) * value
 
 
-def pipeline_checks(root: str, tau: int, gamma, sampled: bool, iterations: int = 7):
+def pipeline_checks(root: str, tau: int, gamma, sampled: bool, start: str = "sync",
+                    iterations: int = 7):
     r"""The rows and gradients a pipelined fetch uses at every iteration,
-    and the exact exchanges of the iteration they must come from."""
+    and the exact exchanges of the iteration they must come from (zero
+    before iteration τ when :obj:`start` is ``"zero"``)."""
     part = pyg_dist.DistData.load(root, dist.get_rank())
     rank = dist.get_rank()
-    cache = PipelineCache(tau, smooth_features=gamma, smooth_grads=gamma)
+    cache = PipelineCache(tau, smooth_features=gamma, smooth_grads=gamma, start=start)
     ctx, exact = HaloContext(part, cache=cache), HaloContext(part)
     if sampled:
         bns = build_sampler("bns", part, seed=3, p=0.5)
@@ -47,13 +51,14 @@ def pipeline_checks(root: str, tau: int, gamma, sampled: bool, iterations: int =
         (halo * gs[t]).sum().backward()
         cache.step()
         s = max(t - tau, 0)  # the iteration the values must come from
+        zero = start == "zero" and t < tau  # nothing has arrived yet
         with exact.use(plans[t]):
             rows = exact.fetch("layer", xs[s])
-        hat_rows = _smooth(hat_rows, rows, gamma)
+        hat_rows = _smooth(hat_rows, rows * (not zero), gamma, start == "zero")
         target = torch.zeros(part.num_inner, FEATURES, requires_grad=True)
         with exact.use(plans[s]):
             (exact.fetch("layer", target) * gs[s]).sum().backward()
-        hat_grad = _smooth(hat_grad, target.grad, gamma)
+        hat_grad = _smooth(hat_grad, target.grad * (not zero), gamma, start == "zero")
         results.append((t, halo.detach(), hat_rows.detach(), x.grad, hat_grad))
     cache.finish()
     return results

@@ -26,14 +26,17 @@ def parts2(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("tau,gamma,sampled", [(1, None, False), (2, None, False),
-                                               (3, 0.8, False), (2, None, True)])
-def test_pipeline_uses_the_exchange_of_t_minus_tau(parts3, tau, gamma, sampled):
+@pytest.mark.parametrize("tau,gamma,sampled,start", [
+    (1, None, False, "sync"), (2, None, False, "sync"), (3, 0.8, False, "sync"),
+    (2, None, True, "sync"), (1, 0.8, False, "zero"), (2, None, True, "zero")])
+def test_pipeline_uses_the_exchange_of_t_minus_tau(parts3, tau, gamma, sampled, start):
     r"""Forward: the rows of iteration max(t - τ, 0) (smoothed: the moving
     average of those). Backward: the owners add the halo gradients of
-    iteration max(t - τ, 0). Under a sampler, of the plan of iteration t."""
+    iteration max(t - τ, 0). Under a sampler, of the plan of iteration t.
+    The reference's start: zero rows and gradients before iteration τ,
+    the moving averages from zero."""
     for steps in pyg_dist.spawn(workers.pipeline_checks, 3,
-                                (parts3, tau, gamma, sampled), timeout=120):
+                                (parts3, tau, gamma, sampled, start), timeout=120):
         for t, rows, want_rows, grad, want_grad in steps:
             assert_fp32_close(rows, want_rows, msg=f"iteration {t}: rows")
             assert_fp32_close(grad, want_grad, msg=f"iteration {t}: gradients")
@@ -215,6 +218,7 @@ def test_feature_cache(parts3, graph, policy):
 def test_invalid_cache_parameters():
     for name, params in [("pipeline", dict(staleness=0)), ("pipeline", dict(staleness=1.5)),
                          ("pipeline", dict(smooth_features=1.0)),
+                         ("pipeline", dict(start="zeros")),
                          ("historical", dict(bound="fixed:-1")),
                          ("historical", dict(bound="gap:0")),
                          ("historical", dict(bound="sometimes:3")),

@@ -30,17 +30,19 @@ class _Sent(NamedTuple):
 
 class _Smoother:
     r""":math:`\hat h \leftarrow \gamma \hat h + (1 - \gamma) h` per row,
-    with :math:`\hat h` starting at a row's first value."""
+    with :math:`\hat h` starting at a row's first value, or at zero
+    (:obj:`from_zero`, the reference PipeGCN's)."""
 
-    def __init__(self, gamma: float, num_rows: int) -> None:
-        self.gamma, self.num_rows = gamma, num_rows
+    def __init__(self, gamma: float, num_rows: int, from_zero: bool = False) -> None:
+        self.gamma, self.num_rows, self.from_zero = gamma, num_rows, from_zero
         self.value: Optional[Tensor] = None
         self.seen: Optional[Tensor] = None
 
     def __call__(self, rows: Tensor, index: Tensor) -> Tensor:
         if self.value is None:
             self.value = rows.new_zeros((self.num_rows, ) + tuple(rows.shape[1:]))
-            self.seen = torch.zeros(self.num_rows, dtype=torch.bool, device=rows.device)
+            self.seen = torch.full((self.num_rows, ), self.from_zero, dtype=torch.bool,
+                                   device=rows.device)
         seen = self.seen[index].view((-1, ) + (1, ) * (rows.dim() - 1))
         smoothed = torch.where(seen, self.gamma * self.value[index] + (1 - self.gamma) * rows,
                                rows)
@@ -88,10 +90,16 @@ class PipelineCache(HaloCache):
     With smoothing (PipeGCN-F / -G / -GF) the stale values are replaced by
     their moving averages :math:`\hat h_t = \gamma \hat h_{t-1} + (1 -
     \gamma) h_{t-\tau}`, per halo row (features) and per sent row
-    (gradients). Improving on the reference, which starts from zeros, the
-    first iteration exchanges synchronously (so it is exact) and
+    (gradients).
+
+    Iteration 0 has no stale value. By default (``start="sync"``, improving
+    on the reference) it exchanges synchronously, so it is exact, and
     :math:`\hat h` starts at the first value received; until iteration
-    :math:`\tau` the stale value is that first one.
+    :math:`\tau` the stale value is that first one. ``start="zero"`` is
+    the reference PipeGCN's start, for curves comparable with the paper's:
+    until iteration :math:`\tau` the halo rows and the gradients owners
+    add are zero (:math:`h_{t-\tau} = 0` for :math:`t < \tau`), and the
+    moving averages start at :math:`\hat h_{-1} = 0`.
 
     Under a sampler the exchange started at iteration :math:`t` already
     carries the rows of plan :math:`t + \tau` (plans are drawn
@@ -105,6 +113,9 @@ class PipelineCache(HaloCache):
         staleness: :math:`\tau \geq 1`, the number of exchanges in flight.
         smooth_features: :math:`\gamma` for the halo rows (``None``: off).
         smooth_grads: :math:`\gamma` for the halo gradients (``None``: off).
+        start: ``"sync"`` (an exact first iteration) or ``"zero"`` (zero
+            halo rows and gradients until iteration :math:`\tau`,
+            smoothing from zero).
     """
     stale = True
     options = (
@@ -113,22 +124,29 @@ class PipelineCache(HaloCache):
                float, const=0.95),
         Option("smooth_grads", None, "smooth stale gradients (PipeGCN-G) with decay GAMMA",
                float, const=0.95),
+        Option("start", "sync", "iteration 0: sync (exchange synchronously: exact) or zero "
+               "(the reference PipeGCN: zero halo rows and gradients, smoothing from zero)",
+               str, flag="--pipeline-start"),
     )
+    STARTS = ("sync", "zero")
 
     def __init__(self, staleness: int = 1, smooth_features: Optional[float] = None,
-                 smooth_grads: Optional[float] = None) -> None:
+                 smooth_grads: Optional[float] = None, start: str = "sync") -> None:
         super().__init__()
         self.check(staleness=staleness, smooth_features=smooth_features,
-                   smooth_grads=smooth_grads)
+                   smooth_grads=smooth_grads, start=start)
         self.lookahead = self.staleness = int(staleness)
         self.smooth_features, self.smooth_grads = smooth_features, smooth_grads
+        self.start = start
         self.pipes = {}
 
     @classmethod
     def check(cls, staleness: int = 1, smooth_features: Optional[float] = None,
-              smooth_grads: Optional[float] = None) -> None:
+              smooth_grads: Optional[float] = None, start: str = "sync") -> None:
         if int(staleness) != staleness or staleness < 1:
             raise ValueError(f"staleness must be an integer >= 1 (got {staleness})")
+        if start not in cls.STARTS:
+            raise ValueError(f"start must be one of {', '.join(cls.STARTS)} (got '{start}')")
         for name, gamma in (("smooth_features", smooth_features),
                             ("smooth_grads", smooth_grads)):
             if gamma is not None and not 0 <= gamma < 1:
@@ -141,15 +159,24 @@ class PipelineCache(HaloCache):
         ahead = list(upcoming) + [plan] * (tau - len(upcoming))
         inputs, x = x, x.detach()
         pipe = self.pipes.get(key)
-        if pipe is None:  # first iteration: exchange synchronously
+        if pipe is None:
             pipe = self.pipes[key] = _Pipe()
-            with ctx.stats.timer("comm"):
-                rows = self._start(key, x, plan).wait()
-            pipe.rows.extend((rows if p is plan else self._start(key, x, p), p) for p in ahead)
+            if self.start == "zero":  # nothing received before iteration τ
+                rows = x.new_zeros((plan.num_recv, ) + tuple(x.shape[1:]))
+                pipe.rows.extend((x.new_zeros((p.num_recv, ) + tuple(x.shape[1:])), p)
+                                 for p in ahead[:-1])
+                pipe.rows.append((self._start(key, x, ahead[-1]), ahead[-1]))
+            else:  # exchange synchronously: the first iteration is exact
+                with ctx.stats.timer("comm"):
+                    rows = self._start(key, x, plan).wait()
+                pipe.rows.extend((rows if p is plan else self._start(key, x, p), p)
+                                 for p in ahead)
+            zero = self.start == "zero"
             if self.smooth_features is not None:
-                pipe.features = _Smoother(self.smooth_features, ctx.data.num_halo)
+                pipe.features = _Smoother(self.smooth_features, ctx.data.num_halo, zero)
             if self.smooth_grads is not None:
-                pipe.gradients = _Smoother(self.smooth_grads, ctx.data.send_index.numel())
+                pipe.gradients = _Smoother(self.smooth_grads, ctx.data.send_index.numel(),
+                                           zero)
         else:
             if pipe.fetched_at == self.iteration:
                 raise RuntimeError(f"Layer '{key}' fetched its halo rows twice in one "
@@ -192,7 +219,11 @@ class PipelineCache(HaloCache):
         if not pipe.backward_started:  # first iteration: synchronous, then τ-stale
             pipe.backward_started = True
             sent = _Sent.of(plan, pipe.gradients is not None)
-            pipe.grads.extend([(self._wait(pending), sent)] * (self.staleness + 1))
+            if self.start == "zero":  # owners add nothing before iteration τ
+                zero = grad_halo.new_zeros((plan.num_send, ) + tuple(grad_halo.shape[1:]))
+                pipe.grads.extend([(zero, sent)] * self.staleness + [(pending, sent)])
+            else:
+                pipe.grads.extend([(self._wait(pending), sent)] * (self.staleness + 1))
         else:
             pipe.grads.append((pending, _Sent.of(plan, pipe.gradients is not None)))
         received, sent = pipe.grads.popleft()
@@ -230,11 +261,12 @@ class PipelineCache(HaloCache):
                               for grads, index, rows in saved["grads"])
             pipe.fetched_at, pipe.backward_started = (saved["fetched_at"],
                                                       saved["backward_started"])
+            zero = self.start == "zero"
             if self.smooth_features is not None:
-                pipe.features = _Smoother(self.smooth_features, num_halo)
+                pipe.features = _Smoother(self.smooth_features, num_halo, zero)
                 pipe.features.load_state_dict(saved["features"])
             if self.smooth_grads is not None:
-                pipe.gradients = _Smoother(self.smooth_grads, num_send)
+                pipe.gradients = _Smoother(self.smooth_grads, num_send, zero)
                 pipe.gradients.load_state_dict(saved["gradients"])
 
     def finish(self) -> None:
@@ -254,7 +286,7 @@ class PipelineCache(HaloCache):
 
     def extra_repr(self) -> str:
         return (f"staleness={self.staleness}, smooth_features={self.smooth_features}, "
-                f"smooth_grads={self.smooth_grads}")
+                f"smooth_grads={self.smooth_grads}, start={self.start!r}")
 
 
 class _StaleHalo(torch.autograd.Function):
