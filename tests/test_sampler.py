@@ -230,3 +230,30 @@ def test_bns_graph_holds_only_kept_edges(tmp_path, p):
                 assert torch.equal(per_edge.crow_indices(), adj.crow_indices())
             assert_fp32_close(torch.sparse.mm(adj, x_src, reduce),
                               torch.sparse.mm(per_edge, x_src, reduce), msg=f"{aggr}, t={t}")
+
+
+@pytest.mark.parametrize("model_name,stale", [("gcn", False), ("gcn", True), ("sage", False)])
+def test_vr_estimates_y_with_the_layer_weight(tmp_path, model_name, stale):
+    r"""PSC-GCN's :math:`\|\mathbf y_{ij}\|^2 = c_{ij}^2 \sum_\ell \|W^{(\ell)}
+    h_j^{(\ell-1)}\|^2` (Eq. 16): the same estimate whether a layer
+    multiplies by :math:`W` before the exchange (GCN, exact cache) or after
+    the aggregation (GCN under a stale cache, SAGE)."""
+    from torch_geometric.nn import GCN, GraphSAGE
+    from pyg_dist.cache import PipelineCache
+    from pyg_dist.sampler import VarianceReductionSampler
+    from tests.conftest import small_graph
+    pyg_dist.partition_graph(small_graph(), 1, root=str(tmp_path))
+    part = pyg_dist.DistData.load(str(tmp_path), 0)
+    torch.manual_seed(0)
+    model = pyg_dist.nn.distribute({"gcn": GCN, "sage": GraphSAGE}[model_name](
+        part.num_features, 8, 2, 4), part, cache=PipelineCache(1) if stale else None)
+    vr = VarianceReductionSampler(part, rate=0.5, coefficient="uniform")
+    vr.attach(model.dist_context)
+    inputs = []
+    for conv in model.convs:
+        conv.register_forward_pre_hook(lambda m, args: inputs.append(args[0].detach()))
+    model(part.x, part.adj_t)
+    weights = [conv.lin.weight if model_name == "gcn" else conv.lin_l.weight
+               for conv in model.convs]
+    y = sum((h @ w.detach().t()).pow(2).sum(1) for h, w in zip(inputs, weights))
+    assert_fp32_close(vr.edge_weights(), (vr.prior * y.double().sqrt()[part.edge_index[0]]))

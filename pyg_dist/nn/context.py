@@ -51,6 +51,8 @@ class HaloContext:
         self._plans: Plans = self.full_plan
         self._upcoming: List[Plans] = []  # the plans of the coming iterations
         self.layer_index: Dict[str, int] = {}  # layer key -> position in the model
+        self.layers: Dict[str, torch.nn.Module] = {}  # layer key -> the layer
+        self._key: Optional[str] = None  # the layer running now
         self._layer = 0
         self.stats = stats if stats is not None else CommStats()
         self.observers: List[Observer] = []
@@ -106,6 +108,20 @@ class HaloContext:
     def enter(self, key: str) -> None:
         r"""Called by a distributed layer when it starts: selects its plan."""
         self._layer = self.layer_index.get(key, 0)
+        self._key = key
+
+    def neighbour_weight(self) -> Optional[Tensor]:
+        r"""The matrix :math:`W` the running layer applies to the rows it
+        aggregates, when one matrix does and the rows it exchanges are not
+        yet multiplied by it (GCN's :math:`\Theta` when it exchanges
+        :math:`H`, SAGE's :math:`W_2`, GraphConv's :math:`W_2`); ``None``
+        otherwise. Samplers that estimate the aggregated terms
+        :math:`W h_j` (PSC-GCN's :math:`\mathbf y_{ij}`) read it."""
+        layer = self.layers.get(self._key)
+        name = {"DistGCNConv": "lin" if getattr(layer, "_dist_exchanges_raw", False) else None,
+                "SAGEConv": "lin_l", "GraphConv": "lin_rel"}.get(type(layer).__name__)
+        lin = getattr(layer, name, None) if name else None
+        return getattr(lin, "weight", None)
 
     def _at_layer(self, plans: Plans) -> HaloPlan:
         return plans if isinstance(plans, HaloPlan) else plans[self._layer]

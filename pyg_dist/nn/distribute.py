@@ -189,6 +189,7 @@ def _convert(module: MessagePassing, name: str, ctx: HaloContext) -> None:
                 module.propagate = _overlapped_propagate.__get__(module)
     module._dist_ctx = ctx
     module._dist_key = name
+    ctx.layers[name] = module
 
 
 def _trim_input(module: MessagePassing, args):

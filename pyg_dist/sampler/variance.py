@@ -84,15 +84,31 @@ class VarianceReductionSampler(BoundarySampler):
     Every edge :math:`j \to i` of the partition survives with probability
     :math:`p_{ij}` (:func:`vr_probabilities`, budget :math:`\varepsilon
     |\mathcal N_i|` per target) and is scaled by :math:`1/p_{ij}`. The
-    weights :math:`w_{ij} = \sqrt{a_j}\, c_{ij} \|\mathbf y_j\|` favour
+    weights :math:`w_{ij} = \sqrt{a_j}\, \|\mathbf y_{ij}\|` favour
     inner neighbours (:math:`a_j` = :obj:`inner_weight` vs
-    :obj:`halo_weight`), so fewer halo rows travel; :math:`\|\mathbf y_j\|^2
-    = \sum_l \|\mathbf h_j^{(l)}\|^2` is estimated from the source rows the
-    layers recently aggregated (halo rows not fetched keep their last
-    value; rows never seen get the mean of those seen) and :math:`c_{ij}` is
-    the propagation coefficient's dependence on :math:`j` (``"gcn"``:
-    :math:`1/\sqrt{\hat d_j}`; ``"uniform"``: 1, e.g. for mean/sum
-    aggregation). Until embeddings have been seen every edge has
+    :obj:`halo_weight`), so fewer halo rows travel. :math:`\mathbf y_{ij} =
+    [P_{ij} W^{(1)} \mathbf h_j^{(0)}, \dots, P_{ij} W^{(L)} \mathbf
+    h_j^{(L-1)}]` is Eq. 16's concatenation of the terms node :math:`j`
+    adds to :math:`i`'s aggregations, so
+
+    .. math::
+        \|\mathbf y_{ij}\|^2 = c_{ij}^2 \sum_{\ell} \|W^{(\ell)}
+        \mathbf h_j^{(\ell-1)}\|^2,
+
+    with :math:`c_{ij}` the part of :math:`P_{ij}` that depends on
+    :math:`j` (the part that depends on :math:`i` only scales target
+    :math:`i`'s problem and leaves its probabilities unchanged):
+    ``"gcn"``: :math:`1/\sqrt{\hat d_j}`; ``"uniform"``: 1, e.g. for
+    mean/sum aggregation. :math:`W^{(\ell)}` is the matrix layer
+    :math:`\ell` applies to the rows it aggregates
+    (:meth:`~pyg_dist.nn.HaloContext.neighbour_weight`: GCN's
+    :math:`\Theta`, SAGE's and GraphConv's :math:`W_2`), applied to the
+    rows as aggregated, whatever order the layer computes in; a layer
+    whose aggregated rows go through no single matrix (e.g. GIN's MLP
+    after the sum) contributes :math:`\|\mathbf h_j^{(\ell-1)}\|^2`. The
+    norms are estimated from the source rows the layers recently
+    aggregated (halo rows not fetched keep their last value; rows never
+    seen get the mean of those seen). Until embeddings have been seen every edge has
     :math:`p = \varepsilon` (Alg. 2, line 2); afterwards the probabilities
     are recomputed every :obj:`refresh` iterations ("semi-dynamic"), from
     the embeddings of the iteration before, which is the only one whose
@@ -120,6 +136,7 @@ class VarianceReductionSampler(BoundarySampler):
         self.prior = prior
         self.set_edge_probability(torch.full_like(prior, self.rate))
         self.refreshed_at: Optional[int] = None
+        self._ctx = None
         self.observing = True  # whether the layers' rows are recorded now
         # Per layer: ‖h_j‖² of every source row, and which rows were seen.
         self._row_norms: Dict[str, Tensor] = {}
@@ -138,14 +155,19 @@ class VarianceReductionSampler(BoundarySampler):
             raise ValueError(f"coefficient must be 'gcn' or 'uniform' (got {coefficient!r})")
 
     def attach(self, ctx) -> None:
+        self._ctx = ctx
         ctx.observers.append(self.observe)
 
     @torch.no_grad()
     def observe(self, key: str, x_src: Tensor, plan: HaloPlan) -> None:
-        r"""Records the squared norms of the source rows a layer aggregated."""
+        r"""Records :math:`\|W h_j\|^2` of the source rows :math:`h_j` a
+        layer aggregated (:math:`\|h_j\|^2` without a :math:`W`)."""
         if not self.observing:
             return
         x = x_src.detach().flatten(1)
+        weight = None if self._ctx is None else self._ctx.neighbour_weight()
+        if weight is not None and weight.size(1) == x.size(1):
+            x = x @ weight.detach().t()
         sq = torch.linalg.vector_norm(x, dim=1).double().pow(2)
         num_inner, num_src = self.data.num_inner, self.data.num_inner + self.data.num_halo
         if key not in self._row_norms:
@@ -188,7 +210,7 @@ class VarianceReductionSampler(BoundarySampler):
         self._row_norms, self._seen = dict(state["row_norms"]), dict(state["seen"])
 
     def edge_weights(self) -> Tensor:
-        r""":math:`w_{ij} = \sqrt{a_j}\, c_{ij} \|\mathbf y_j\|` per edge."""
+        r""":math:`w_{ij} = \sqrt{a_j}\, \|\mathbf y_{ij}\|` per edge."""
         total = 0
         for key, rows in self._row_norms.items():
             seen = self._seen[key]

@@ -43,11 +43,14 @@ class DistGCNConv(GCNConv):
                 edge_weight: Optional[Tensor] = None) -> Tensor:
         ctx = self._dist_ctx
         ctx.enter(self._dist_key)
-        if getattr(self, "_dist_precompute", False) and edge_weight is None \
-                and ctx.is_input_features(x):
+        precomputed = (getattr(self, "_dist_precompute", False) and edge_weight is None
+                       and ctx.is_input_features(x))
+        # Whether the rows aggregated are X (Θ applied after), not XΘ.
+        self._dist_exchanges_raw = precomputed or ctx.exchanges_raw(x)
+        if precomputed:
             out = self.lin(ctx.precompute(self._dist_key,
                                           lambda: self._aggregate(x, edge_index, None)))
-        elif ctx.exchanges_raw(x):  # Â(XΘ) = (ÂX)Θ: exchange X, as the cache needs it
+        elif self._dist_exchanges_raw:  # Â(XΘ) = (ÂX)Θ: exchange X, as the cache needs it
             out = self.lin(self._aggregate(x, edge_index, edge_weight))
         else:
             out = self._aggregate(self.lin(x), edge_index, edge_weight)
