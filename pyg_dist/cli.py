@@ -213,6 +213,19 @@ def cmd_partition(args: argparse.Namespace) -> None:
     from pyg_dist.partition import partition_graph
     if args.balance_batches and not args.num_batches:
         raise SystemExit("pyg-dist partition: error: --balance-batches needs --num-batches")
+    for flag, given in (("--cost-constants", args.cost_constants is not None),
+                        ("--batch-hidden/--hidden", args.batch_hidden is not None),
+                        ("--batch-model/--model", args.batch_model is not None)):
+        if given and not args.num_batches:
+            raise SystemExit(f"pyg-dist partition: error: {flag} needs --num-batches")
+    if args.balance_rule is not None and not args.balance_batches:
+        raise SystemExit("pyg-dist partition: error: --balance-rule needs --balance-batches")
+    if args.num_batches and args.batch_layers < 1:
+        raise SystemExit(f"pyg-dist partition: error: --batch-layers must be >= 1 "
+                         f"(got {args.batch_layers})")
+    if args.cost_constants is not None:  # a bad file is refused before any work
+        from pyg_dist.loader import CostModel
+        args.cost = CostModel.load(args.cost_constants)
     _check_writable_dir("partition", "--root", args.root)
     data = _load_dataset(args)
     book = partition_graph(data, args.num_parts, method=args.method,
@@ -228,17 +241,50 @@ def cmd_partition(args: argparse.Namespace) -> None:
 def _write_batches(data, args: argparse.Namespace, book) -> None:
     r"""CM-GCN's cohesive mini-batches of the training nodes, saved next to
     the partitions for ``pyg-dist train --loader cohesive``."""
+    from pyg_dist.config import TrainConfig
+    from pyg_dist.distributed import rank_threads
+    from pyg_dist.loader import CostModel
     from pyg_dist.loader.cohesive.prepare import write_batches
+    d = TrainConfig()
     report = write_batches(data, args.root, book, args.num_batches, args.batch_layers,
-                           seed=args.seed, balance=args.balance_batches)
+                           hidden=args.batch_hidden or d.hidden, seed=args.seed,
+                           balance=args.balance_batches, cost=getattr(args, "cost", None),
+                           model=args.batch_model or d.model,
+                           balance_rule=args.balance_rule or "owner",
+                           threads=rank_threads(args.num_parts))
+    cost = CostModel.from_dict(report["cost"])
+    print(f"cost model{' from ' + args.cost_constants if args.cost_constants else ''}: "
+          f"{cost.describe()}")
     print(f"wrote {args.num_batches} cohesive batches to {report['path']}: "
-          f"J(P) = {report['j']:.4g}, {100 * (1 - report['j'] / report['j_random']):.1f}% "
-          f"below random batches")
+          f"J(P) = {report['j']:.4g} s modelled, "
+          f"{100 * (1 - report['j'] / report['j_random']):.1f}% below random batches")
     print(f"per-rank cost of a batch: at most {report['imbalance']:.2f}x the mean over "
           f"ranks (random batches: {report['imbalance_random']:.2f}x)")
     if args.balance_batches:
-        print(f"balanced batch parts: per-rank cost of a batch at most "
-              f"{report['imbalance_balanced']:.2f}x the mean over ranks")
+        print(f"balanced batch parts ({report['balance_rule']} rule): per-rank cost of a "
+              f"batch at most {report['imbalance_balanced']:.2f}x the mean over ranks")
+
+
+def cmd_calibrate(args: argparse.Namespace) -> None:
+    import torch
+    from pyg_dist.loader import CostModel
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise SystemExit(f"pyg-dist calibrate: error: --device '{args.device}' is not a "
+                         f"device (cpu, cuda, cuda:N)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("pyg-dist calibrate: error: --device cuda: no CUDA device here")
+    _check_writable_dir("calibrate", "--out's folder", osp.dirname(osp.abspath(args.out)))
+    if osp.isdir(args.out):
+        raise SystemExit(f"pyg-dist calibrate: error: --out '{args.out}' is a directory")
+    dims = [args.in_channels] + [args.hidden] * (args.layers - 1) + [args.classes]
+    cost = CostModel.calibrate(dims, model=args.model, threads=args.threads,
+                               device=device, degree=args.degree)
+    cost.save(args.out)
+    print(f"cost model: {cost.describe()}")
+    print(f"wrote {args.out} (for pyg-dist partition --num-batches M --cost-constants "
+          f"{args.out})")
 
 
 def cmd_info(args: argparse.Namespace) -> None:
@@ -321,7 +367,42 @@ def main(argv: Optional[List[str]] = None) -> None:
                         "cost (CM-GCN balanced workloads; copies input features)")
     p.add_argument("--batch-layers", type=int, default=3,
                    help="model depth K the batches' cost model assumes")
+    from pyg_dist.config import MODELS, TrainConfig
+    from pyg_dist.loader.cohesive.balance import BALANCE_RULES
+    d = TrainConfig()
+    p.add_argument("--batch-hidden", "--hidden", type=_positive(int, "--batch-hidden"),
+                   default=None,
+                   help=f"hidden width of the model the batches' cost model is measured "
+                        f"for (default {d.hidden}, train's --hidden)")
+    p.add_argument("--batch-model", "--model", choices=sorted(MODELS), default=None,
+                   help=f"model kind the cost model is measured for (its aggregation "
+                        f"and weight matrices; default {d.model}, train's --model)")
+    p.add_argument("--cost-constants", default=None, metavar="FILE",
+                   help="the cost model's constants from FILE (pyg-dist calibrate --out, "
+                        "e.g. run on the machine that will train) instead of measuring "
+                        "them here")
+    p.add_argument("--balance-rule", choices=BALANCE_RULES, default=None,
+                   help="--balance-batches: owner (default: nodes start on their owner, "
+                        "overloaded ranks hand off their outermost nodes) or greedy "
+                        "(CM-GCN: every node in BFS order to the least loaded rank)")
     p.set_defaults(fn=cmd_partition)
+
+    p = sub.add_parser("calibrate", help="measure CM-GCN's cost constants on this machine "
+                                         "(for partition --cost-constants)")
+    p.add_argument("--out", required=True, help="JSON file to write")
+    p.add_argument("--model", choices=sorted(MODELS), default=d.model)
+    p.add_argument("--layers", type=_positive(int, "--layers"), default=d.num_layers)
+    p.add_argument("--hidden", type=_positive(int, "--hidden"), default=d.hidden)
+    p.add_argument("--in-channels", type=_positive(int, "--in-channels"), default=64,
+                   help="input feature width (default 64: the default graph's)")
+    p.add_argument("--classes", type=_positive(int, "--classes"), default=10,
+                   help="output width (default 10: the default graph's)")
+    p.add_argument("--degree", type=_positive(float, "--degree"), default=10.0,
+                   help="mean in-degree of the timed aggregation")
+    p.add_argument("--threads", type=_positive(int, "--threads"), default=None,
+                   help="intra-op threads (default: torch's; use a training rank's)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]: where training runs")
+    p.set_defaults(fn=cmd_calibrate)
 
     p = sub.add_parser("info", help="show the statistics of a partition directory")
     p.add_argument("root")

@@ -458,13 +458,18 @@ def batch_sampling_checks(root: str, draws: int = 200):
             "needed": graph.plans[0].num_recv, "extra": extra}
 
 
-def gathered_batches(root: str):
-    r"""The loader's own batching (``num_batches=``), and its coverage."""
+def gathered_batches(root: str, cost=None):
+    r"""The loader's own batching (``num_batches=``) minimising :obj:`cost`,
+    and its coverage; and the cost model a loader measures for a model of
+    width 32 when given none."""
     from pyg_dist.loader import CohesiveBatchLoader
     part = pyg_dist.DistData.load(root, dist.get_rank())
-    loader = CohesiveBatchLoader(part, num_batches=4, num_layers=2, seed=1)
+    loader = CohesiveBatchLoader(part, num_batches=4, num_layers=2, seed=1, cost=cost)
     seen = torch.cat([part.n_id[:part.num_inner][loader.batch_of == b] for b in range(4)])
-    return {"batch_of": loader.batch_of, "n_id": part.n_id[:part.num_inner], "seen": seen}
+    measured = CohesiveBatchLoader(part, num_batches=4, num_layers=2, hidden=32,
+                                   model="gcn").cost
+    return {"batch_of": loader.batch_of, "n_id": part.n_id[:part.num_inner], "seen": seen,
+            "cost": loader.cost.to_dict(), "measured": measured.to_dict()}
 
 
 def stale_layer_records(root: str, model_name: str, tau: int, iterations: int = 4):

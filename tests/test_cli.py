@@ -121,6 +121,55 @@ def test_cohesive_batches_end_to_end(tmp_path):
     assert p.returncode != 0 and "do not combine" in p.stderr
 
 
+def test_cohesive_batches_cost_model(tmp_path):
+    r"""``partition --num-batches`` measures CM-GCN's cost constants here for
+    the model that will train (or takes a ``calibrate`` file), stores them
+    with the batches and prints them; ``--balance-rule greedy``."""
+    from pyg_dist.distributed import rank_threads
+    from pyg_dist.loader import load_batch_cost
+    root = str(tmp_path / "parts")
+    common = ("partition", "--num-nodes", "1000", "--num-parts", "2", "--root", root,
+              "--data-dir", str(tmp_path / "data"), "--num-batches", "3")
+    p = run(*common, "--hidden", "24", "--batch-layers", "2", "--model", "gcn")
+    cost = load_batch_cost(root)
+    assert list(cost.dims[1:-1]) == [24] and cost.num_layers == 2
+    assert cost.measured["model"] == "gcn" and cost.measured["threads"] == rank_threads(2)
+    assert f"alpha/beta {cost.alpha / cost.beta:.3g}" in p.stdout
+    constants = str(tmp_path / "measured_elsewhere.json")
+    run("calibrate", "--out", constants, "--threads", "1", "--hidden", "16")
+    p = run(*common, "--cost-constants", constants, "--balance-batches",
+            "--balance-rule", "greedy")
+    saved, cost = json.load(open(constants)), load_batch_cost(root)
+    assert all(getattr(cost, k) == saved[k] for k in ("alpha", "beta", "gamma", "eta", "lam"))
+    assert cost.measured == saved["measured"] and saved["measured"]["dims"][1] == 16
+    assert list(cost.dims[1:-1]) == [64, 64]  # this graph's widths: train's default model
+    assert f"cost model from {constants}" in p.stdout and "(greedy rule)" in p.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--cost-constants", "{missing}"], "does not exist"),
+    (["--cost-constants", "{corrupt}"], "not readable JSON"),
+    (["--cost-constants", "{wrong}"], "missing beta"),
+    (["--balance-rule", "greedy"], "--balance-rule needs --balance-batches"),
+    (["--hidden", "0"], "--batch-hidden must be a finite number > 0"),
+    (["--batch-layers", "0"], "--batch-layers must be >= 1"),
+])
+def test_bad_cost_model_flags_are_refused(tmp_path, args, message, capsys):
+    from pyg_dist.cli import main  # in process: refused before any work
+    files = {"missing": tmp_path / "none.json", "corrupt": tmp_path / "corrupt.json",
+             "wrong": tmp_path / "wrong.json"}
+    files["corrupt"].write_text("{\"alpha\": 1e-9,")
+    files["wrong"].write_text(json.dumps({"alpha": 1e-9, "gamma": 1e-9, "eta": 1e-9,
+                                          "lam": 1e-9}))
+    root = tmp_path / "parts"
+    with pytest.raises(SystemExit) as info:
+        main(["partition", "--num-parts", "2", "--root", str(root), "--num-nodes", "500",
+              "--num-batches", "2", *[a.format(**files) for a in args]])
+    assert info.value.code != 0
+    assert message in capsys.readouterr().err + str(info.value.code)
+    assert not root.exists()  # nothing was partitioned
+
+
 def test_neighbor_loader_end_to_end(tmp_path):
     root, out = str(tmp_path / "parts"), str(tmp_path / "run")
     run("partition", "--num-nodes", "2000", "--num-parts", "2", "--root", root,

@@ -1,6 +1,7 @@
 """CM-GCN cost model and cohesive batch partitioning (single process: the
 partitioning is a preprocessing step on the whole graph)."""
 import itertools
+import json
 
 import pytest
 import torch
@@ -95,11 +96,90 @@ def test_cohesive_batches_cost_less_than_random():
 
 
 def test_calibration_measures_positive_constants():
-    cost = CostModel.calibrate([16, 16, 4], rows=256, repeats=2)
+    threads = torch.get_num_threads()
+    cost = CostModel.calibrate([16, 16, 4], rows=256, repeats=2, model="gcn", threads=1)
     assert all(getattr(cost, k) > 0 for k in ("alpha", "beta", "gamma", "eta", "lam"))
+    assert list(cost.dims) == [16, 16, 4] and torch.get_num_threads() == threads
+    # where and how the constants were measured travels with them
+    assert cost.measured["model"] == "gcn" and cost.measured["threads"] == 1
+    assert cost.measured["dims"] == [16, 16, 4] and "cpu" in cost.measured["device"]
+    assert CostModel(dims=[16, 4]).measured is None  # the defaults: placeholders
+    with pytest.raises(ValueError, match="Unknown model kind 'mlp'"):
+        CostModel.calibrate([16, 4], model="mlp")
 
 
-@pytest.mark.parametrize("balanced", [False, True])
+def test_calibration_times_what_the_model_runs():
+    r"""α is timed on the model's sparse aggregation, forward and backward
+    (not a dense vector add), β on all of a layer's weight matrices, λ on
+    the loss gradient over the output width."""
+    from torch_geometric.utils import spmm
+    from pyg_dist.config import MODELS
+    from pyg_dist.loader.cohesive.cost import MODEL_KINDS, calibration_ops
+    from pyg_dist.utils.sparse import csr
+    assert set(MODELS) <= set(MODEL_KINDS)  # every train --model has its operations
+    dims, rows, degree = [6, 5, 3], 40, 4.0
+    for model in ("sage", "gcn", "gat"):
+        ops = calibration_ops(dims, rows, model, degree, torch.device("cpu"), seed=2)
+        assert [units for _, units in ops["alpha"]] == [2 * rows * 4 * 6, 2 * rows * 4 * 5]
+        # the same draws as calibration_ops: the op returns the backward A^T G
+        g = torch.Generator().manual_seed(2)
+        dst = (torch.arange(rows * 4) % rows).sort().values
+        src = torch.randint(0, rows, (rows * 4, ), generator=g)
+        torch.rand(rows * 4, 1, generator=g)  # GAT's edge weights
+        x = torch.randn(rows, 6, generator=g).requires_grad_()
+        grad = torch.randn(rows, 6, generator=g)
+        if model == "gat":  # per-edge messages with random weights: check the shape
+            assert ops["alpha"][0][0]().shape == (rows, 6)
+            continue
+        reduce = "mean" if model == "sage" else "sum"
+        out = spmm(csr(torch.stack([src, dst]), None, rows, rows), x, reduce=reduce)
+        expected = torch.autograd.grad(out, x, grad)[0]
+        torch.testing.assert_close(ops["alpha"][0][0](), expected)
+    # GraphSAGE's two weight matrices per layer, GIN's MLP, GCN's one
+    for model, matrices in (("sage", 2), ("gin", 2), ("gcn", 1)):
+        assert len(MODEL_KINDS[model][1]) == matrices
+    ops = calibration_ops(dims, rows, "sage", degree, torch.device("cpu"))
+    assert [units for _, units in ops["beta"]] == [rows * 5 * 6, rows * 3 * 5]
+    assert [units for _, units in ops["lam"]] == [rows * 3]
+    assert ops["lam"][0][0]().shape == (rows, 3)
+
+
+def test_cost_constants_file(tmp_path):
+    cost = CostModel(dims=[8, 4, 2], alpha=4e-10, beta=1e-11, gamma=2e-10, eta=3e-10,
+                     lam=5e-9, measured={"model": "sage"})
+    path = cost.save(str(tmp_path / "c.json"))
+    assert CostModel.load(path) == cost
+    other = CostModel.load(path, dims=[12, 16, 3])  # constants measured elsewhere
+    assert list(other.dims) == [12, 16, 3] and other.alpha == cost.alpha
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        CostModel.load(str(tmp_path / "missing.json"))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not readable JSON"):
+        CostModel.load(str(bad))
+    item = cost.to_dict()
+    for broken, match in (({k: v for k, v in item.items() if k != "beta"}, "missing beta"),
+                          ({**item, "eta": -1.0}, "eta must be a finite number > 0"),
+                          ({**item, "lam": "fast"}, "lam must be"),
+                          ({**item, "dims": [8]}, "dims must be"), ([1, 2], "JSON object")):
+        bad.write_text(json.dumps(broken))
+        with pytest.raises(ValueError, match=match):
+            CostModel.load(str(bad))
+
+
+def test_batches_file_keeps_the_cost_model(tmp_path):
+    from pyg_dist.loader import load_batch_cost, load_batches, save_batches
+    batch_of = torch.tensor([0, 1, -1, 0])
+    cost = CostModel.calibrate([4, 8, 2], rows=64, repeats=1)
+    save_batches(str(tmp_path), batch_of, cost)
+    assert torch.equal(load_batches(str(tmp_path)), batch_of)
+    assert load_batch_cost(str(tmp_path)) == cost
+    torch.save({"batch_of": batch_of}, tmp_path / "batches.pt")  # written by older releases
+    assert torch.equal(load_batches(str(tmp_path)), batch_of)
+    assert load_batch_cost(str(tmp_path)) is None
+
+
+@pytest.mark.parametrize("balanced", [False, "owner", "greedy"])
 def test_distributed_batches_equal_single_process_pyg(tmp_path, balanced):
     import pyg_dist
     from tests.cache_workers import cohesive_batch_checks
@@ -113,7 +193,7 @@ def test_distributed_batches_equal_single_process_pyg(tmp_path, balanced):
     if balanced:  # each batch split over the ranks by cost, not by owner
         from pyg_dist.loader.cohesive.balance import save_batch_parts
         loads = save_batch_parts(str(tmp_path), data, graph, batch_of, book.owner(book.inv_perm),
-                                 3, book.meta["graph_hash"])
+                                 3, book.meta["graph_hash"], rule=balanced)
         assert all(float(load.max() / load.mean()) <= 1.05 for load in loads)
         from pyg_dist.loader.cohesive.cost import imbalance, rank_costs
         by_owner = [imbalance(rank_costs(graph, (batch_of == b).nonzero().view(-1),
@@ -122,8 +202,8 @@ def test_distributed_batches_equal_single_process_pyg(tmp_path, balanced):
         from pyg_dist.loader.cohesive.balance import load_batch_part
         with pytest.raises(ValueError, match="3-layer computational graphs"):
             load_batch_part(str(tmp_path), 0, 0, num_layers=4)  # a deeper model
-    results = pyg_dist.spawn(cohesive_batch_checks, 3, (str(tmp_path), batch_of, balanced),
-                             timeout=180)
+    results = pyg_dist.spawn(cohesive_batch_checks, 3, (str(tmp_path), batch_of,
+                                                        bool(balanced)), timeout=180)
     for name in ("GraphSAGE", "GCN", "GAT"):
         for b in range(4):
             torch.manual_seed(0)
@@ -149,7 +229,9 @@ def test_distributed_batches_equal_single_process_pyg(tmp_path, balanced):
                 hood = graph.expand(hood)
             computed = torch.cat([r[name, b]["computed"] for r in results])
             assert torch.equal(computed.sort().values, hood.nonzero().view(-1))
-        for r in results:  # a batch exchanges less than the whole graph
+        # A batch exchanges less than the whole graph, unless CM-GCN's
+        # greedy rule scattered its nodes regardless of where they live.
+        for r in results if balanced != "greedy" else []:
             assert max(r[name, b]["bytes"] for b in range(4)) < r[name, "full_bytes"]
 
 
@@ -170,6 +252,33 @@ def test_balance_work_hands_outermost_nodes_to_the_least_loaded():
     kept = ((rank == 0) & (work > 0)).nonzero().view(-1)
     assert moved.min() > kept.max()  # the outermost computing nodes moved
     assert (rank[work == 0] == 0).all()  # inputs stay with their features
+
+
+def test_greedy_rule_assigns_every_node_to_the_least_loaded_rank():
+    r"""CM-GCN §III-B: in BFS order, each node to the rank with the lowest
+    total work so far; the ranks then differ by at most one node's work.
+    The owner-first rule keeps far more nodes on their owners."""
+    from pyg_dist.loader.cohesive.balance import balance_work, computational_graph
+    data, nodes = _community_graph()
+    graph = HopGraph(data.edge_index, data.num_nodes, CostModel(dims=[12, 16, 16, 5]))
+    order, work = computational_graph(graph, nodes[:40])
+    owner = torch.zeros(order.numel(), dtype=torch.long)  # ranks 0 and 1 own it all
+    owner[order.numel() // 2:] = 1
+    rank = balance_work(work, owner, 3, rule="greedy")
+    load, expected = [0.0] * 3, owner.clone()  # the paper's loop, written out
+    for v in range(order.numel()):
+        if work[v] > 0:
+            r = min(range(3), key=lambda r: (load[r], r))
+            expected[v] = r
+            load[r] += float(work[v])
+    assert torch.equal(rank, expected)
+    loads = torch.zeros(3, dtype=torch.double).index_add_(0, rank, work.double())
+    assert float(loads.max() - loads.min()) <= float(work.max())
+    assert torch.equal(rank[work == 0], owner[work == 0])
+    by_owner = balance_work(work, owner, 3, rule="owner")
+    assert int((by_owner == owner).sum()) > int((rank == owner).sum())
+    with pytest.raises(ValueError, match="Unknown balance rule 'random'"):
+        balance_work(work, owner, 3, rule="random")
 
 
 def test_rank_costs_split_the_batch_cost():
@@ -205,13 +314,20 @@ def test_loader_batches_the_graph_itself(tmp_path):
     from tests.cache_workers import gathered_batches
     data, nodes = _community_graph()
     pyg_dist.partition_graph(data, 2, root=str(tmp_path))
-    cost = CostModel(dims=[data.num_features, 64, int(data.y.max()) + 1])
+    classes = int(data.y.max()) + 1
+    cost = CostModel(dims=[data.num_features, 64, classes], alpha=20, beta=1)
     expected = cohesive_batches(HopGraph(data.edge_index, data.num_nodes, cost),
                                 data.edge_index, nodes, 4, seed=1)
-    results = pyg_dist.spawn(gathered_batches, 2, (str(tmp_path), ), timeout=120)
+    results = pyg_dist.spawn(gathered_batches, 2, (str(tmp_path), cost), timeout=120)
     seen = torch.cat([r["seen"] for r in results])
     assert torch.equal(seen.sort().values, nodes)  # each training node once
     for r in results:
         position = torch.searchsorted(nodes, r["n_id"]).clamp(max=nodes.numel() - 1)
         assert torch.equal(r["batch_of"], expected[position]
                            .where(data.train_mask[r["n_id"]], torch.tensor(-1)))
+        assert r["cost"] == cost.to_dict()
+        # without a cost model, rank 0 measures one for the caller's model,
+        # and every rank learns which
+        assert r["measured"] == results[0]["measured"]
+        assert r["measured"]["dims"] == [data.num_features, 32, classes]
+        assert r["measured"]["measured"]["model"] == "gcn"

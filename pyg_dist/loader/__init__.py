@@ -16,8 +16,8 @@ from pyg_dist.deprecation import renamed
 from pyg_dist.loader.base import Loader, LoaderInputs
 from pyg_dist.loader.batch import TrainBatch
 from pyg_dist.loader.cohesive import (BatchGraph, CohesiveBatchLoader, CostModel, HopGraph,
-                                      batch_subgraph, cohesive_batches, load_batches,
-                                      queyranne_bisection, random_batches,
+                                      batch_subgraph, cohesive_batches, load_batch_cost,
+                                      load_batches, queyranne_bisection, random_batches,
                                       recursive_bisection, sample_layers, save_batches)
 from pyg_dist.loader.full import FullGraphLoader, PlanPrefetcher
 from pyg_dist.loader.neighbor import (PartitionFeatureStore, PartitionNeighborLoader,
@@ -64,7 +64,7 @@ def build_loader(name: str, inputs: LoaderInputs, **params: Any) -> Loader:
 __all__ = ["LOADERS", "Loader", "LoaderInputs", "TrainBatch", "build_loader", "check_loader",
            "loader_options", "FullGraphLoader", "PlanPrefetcher", "BatchGraph",
            "CohesiveBatchLoader", "batch_subgraph", "sample_layers", "load_batches",
-           "save_batches", "CostModel", "HopGraph", "cohesive_batches",
+           "load_batch_cost", "save_batches", "CostModel", "HopGraph", "cohesive_batches",
            "queyranne_bisection", "random_batches", "recursive_bisection",
            "PartitionFeatureStore", "PartitionNeighborLoader", "PartitionNeighborSampler",
            "SamplerPool", "sample_neighbors", "split_seeds"]

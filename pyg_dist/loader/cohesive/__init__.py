@@ -5,10 +5,10 @@ from pyg_dist.loader.cohesive.batch_partition import (cohesive_batches, queyrann
 from pyg_dist.loader.cohesive.batch_plan import BatchGraph, batch_subgraph, sample_layers
 from pyg_dist.loader.cohesive.cost import CostModel, HopGraph
 from pyg_dist.loader.cohesive.loader import (BATCHES_FILE, CohesiveBatchLoader,
-                                             gather_cohesive_batches, load_batches,
-                                             save_batches)
+                                             gather_cohesive_batches, load_batch_cost,
+                                             load_batches, save_batches)
 
 __all__ = ["BATCHES_FILE", "BatchGraph", "CohesiveBatchLoader", "CostModel", "HopGraph",
-           "batch_subgraph", "cohesive_batches", "gather_cohesive_batches", "load_batches",
-           "queyranne_bisection", "random_batches", "recursive_bisection", "sample_layers",
-           "save_batches"]
+           "batch_subgraph", "cohesive_batches", "gather_cohesive_batches", "load_batch_cost",
+           "load_batches", "queyranne_bisection", "random_batches", "recursive_bisection",
+           "sample_layers", "save_batches"]

@@ -1,5 +1,6 @@
 r"""Balanced workloads (CM-GCN §III-B): each batch's computational graph
 split over the ranks by cost, stored as one partition per batch and rank."""
+import heapq
 import os
 import os.path as osp
 import shutil
@@ -32,19 +33,34 @@ def computational_graph(graph: HopGraph, batch: Tensor) -> Tuple[Tensor, Tensor]
     return nodes[order], work[nodes[order]]
 
 
-def balance_work(work: Tensor, owner: Tensor, num_parts: int,
-                 tolerance: float = 0.05) -> Tensor:
-    r"""The rank that computes each node of a computational graph (given in
-    BFS order): its owner, unless that rank's work exceeds the mean by more
-    than :obj:`tolerance`; an overloaded rank hands its outermost nodes
-    (last in BFS order, which the batch reads least deep) to the least
-    loaded ranks until every rank is within :obj:`tolerance` of the mean, or
-    within one node's work when single nodes are larger than that.
+BALANCE_RULES = ("owner", "greedy")
 
-    CM-GCN assigns every node greedily to the least loaded worker; starting
-    from the owners keeps most of the graph where its features and edges
-    already are, so a balanced batch exchanges little more than an
-    unbalanced one."""
+
+def balance_work(work: Tensor, owner: Tensor, num_parts: int,
+                 tolerance: float = 0.05, rule: str = "owner") -> Tensor:
+    r"""The rank that computes each node of a computational graph (given in
+    BFS order from the batch, with its work :math:`nc(v)` and owner).
+
+    * ``"greedy"``: CM-GCN's rule (§III-B): every node, in BFS order, goes
+      to the rank with the lowest total work so far (the lowest such rank
+      on ties), so the ranks' work differs by at most one node's
+      :math:`nc(v)`. Nodes only read as input features (:math:`nc(v) = 0`)
+      stay with their owner: they change no rank's work, and the paper
+      leaves their place open.
+    * ``"owner"``: each node stays with its owner, unless that rank's work
+      exceeds the mean by more than :obj:`tolerance`; an overloaded rank
+      hands its outermost nodes (last in BFS order, which the batch reads
+      least deep) to the least loaded ranks until every rank is within
+      :obj:`tolerance` of the mean, or within one node's work when single
+      nodes are larger than that. Starting from the owners keeps most of
+      the graph where its features and edges already are, so a balanced
+      batch exchanges little more than an unbalanced one.
+    """
+    if rule not in BALANCE_RULES:
+        raise ValueError(f"Unknown balance rule '{rule}' (choose from "
+                         f"{', '.join(BALANCE_RULES)})")
+    if rule == "greedy":
+        return _greedy(work, owner, num_parts)
     rank = owner.clone()
     load = torch.zeros(num_parts, dtype=torch.double).index_add_(0, rank, work.double())
     high = load.mean() * (1 + tolerance)
@@ -64,23 +80,41 @@ def balance_work(work: Tensor, owner: Tensor, num_parts: int,
     return rank
 
 
+def _greedy(work: Tensor, owner: Tensor, num_parts: int) -> Tensor:
+    r"""CM-GCN's list scheduling: each computing node in order to the least
+    loaded rank (a heap of (work, rank): the lowest rank wins ties)."""
+    rank = owner.clone()
+    heap = [(0.0, r) for r in range(num_parts)]
+    computing = (work > 0).nonzero().view(-1)
+    chosen = []
+    for w in work[computing].double().tolist():
+        load, r = heapq.heappop(heap)
+        chosen.append(r)
+        heapq.heappush(heap, (load + w, r))
+    rank[computing] = torch.tensor(chosen, dtype=rank.dtype)
+    return rank
+
+
 def split_batch(graph: HopGraph, batch: Tensor, owner: Tensor, num_parts: int,
-                tolerance: float = 0.05) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                tolerance: float = 0.05, rule: str = "owner"
+                ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     r"""The nodes of :obj:`batch`'s computational graph (BFS order), their
-    work, the rank that computes each (:func:`balance_work`; :obj:`owner`
-    over the whole graph) and each rank's total work."""
+    work, the rank that computes each (:func:`balance_work` by
+    :obj:`rule`; :obj:`owner` over the whole graph) and each rank's total
+    work."""
     nodes, work = computational_graph(graph, batch)
-    rank = balance_work(work, owner[nodes], num_parts, tolerance)
+    rank = balance_work(work, owner[nodes], num_parts, tolerance, rule)
     load = torch.zeros(num_parts, dtype=torch.double).index_add_(0, rank, work.double())
     return nodes, work, rank, load
 
 
 def save_batch_parts(root: str, data: Data, graph: HopGraph, batch_of: Tensor,
                      owner: Tensor, num_parts: int, graph_hash: str,
-                     tolerance: float = 0.05) -> List[Tensor]:
+                     tolerance: float = 0.05, rule: str = "owner") -> List[Tensor]:
     r"""Writes, for every batch :math:`b` and rank :math:`r`,
     ``root/batch_parts/{b}/part_{r}.pt``: the part of :math:`b`'s
-    computational graph that rank :math:`r` computes (:func:`balance_work`)
+    computational graph that rank :math:`r` computes (:func:`balance_work`
+    by :obj:`rule`)
     as a partition of that graph (inner nodes, halo, exchange plan, input
     features of its inner nodes, ``batch_mask`` of its batch nodes),
     with the whole graph's degrees. Returns each batch's per-rank work.
@@ -88,6 +122,9 @@ def save_batch_parts(root: str, data: Data, graph: HopGraph, batch_of: Tensor,
     Every rank then holds the input features of the nodes it computes in
     any batch, as in CM-GCN: up to :math:`M` copies of a row, the price of
     balance."""
+    if rule not in BALANCE_RULES:  # before anything is removed
+        raise ValueError(f"Unknown balance rule '{rule}' (choose from "
+                         f"{', '.join(BALANCE_RULES)})")
     shutil.rmtree(osp.join(root, BATCH_PARTS_DIR), ignore_errors=True)
     src, dst = data.edge_index
     deg_in = torch.bincount(dst, minlength=data.num_nodes)
@@ -97,7 +134,7 @@ def save_batch_parts(root: str, data: Data, graph: HopGraph, batch_of: Tensor,
     loads = []
     for b in range(int(batch_of.max()) + 1):
         batch = (batch_of == b).nonzero().view(-1)
-        nodes, work, rank, load = split_batch(graph, batch, owner, num_parts, tolerance)
+        nodes, work, rank, load = split_batch(graph, batch, owner, num_parts, tolerance, rule)
         loads.append(load)
         local = torch.full((data.num_nodes, ), -1, dtype=torch.long)
         local[nodes] = torch.arange(nodes.numel())

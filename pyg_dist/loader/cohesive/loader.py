@@ -1,7 +1,7 @@
 r"""``CohesiveBatchLoader``: CM-GCN's mini-batches over a partition."""
 import os.path as osp
 import shutil
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -17,22 +17,26 @@ from pyg_dist.loader.cohesive.balance import (BATCH_PARTS_DIR, has_batch_parts,
                                               load_batch_part)
 from pyg_dist.loader.cohesive.batch_partition import cohesive_batches
 from pyg_dist.loader.cohesive.batch_plan import BatchGraph, batch_subgraph, sample_layers
-from pyg_dist.loader.cohesive.cost import CostModel, HopGraph
+from pyg_dist.loader.cohesive.cost import MODEL_KINDS, CostModel, HopGraph
 from pyg_dist.sampler import BoundarySampler
 
 BATCHES_FILE = "batches.pt"
 
 
-def save_batches(root: str, batch_of: Tensor) -> str:
+def save_batches(root: str, batch_of: Tensor, cost: Optional[CostModel] = None) -> str:
     r"""Stores the batch of every node (original ids; ``-1``: in no batch)
-    next to the partitions in :obj:`root`."""
+    next to the partitions in :obj:`root`, with the cost model the batches
+    minimise (its widths and constants, :func:`load_batch_cost`)."""
     path = osp.join(root, BATCHES_FILE)
-    torch.save({"batch_of": batch_of.long().cpu()}, path)
+    item = {"batch_of": batch_of.long().cpu()}
+    if cost is not None:
+        item["cost"] = cost.to_dict()
+    torch.save(item, path)
     shutil.rmtree(osp.join(root, BATCH_PARTS_DIR), ignore_errors=True)  # of older batches
     return path
 
 
-def load_batches(root: str) -> Tensor:
+def _read_batches(root: str) -> dict:
     path = osp.join(root, BATCHES_FILE)
     if not osp.exists(path):
         raise FileNotFoundError(f"'{path}' is missing: compute the batches with "
@@ -40,15 +44,60 @@ def load_batches(root: str) -> Tensor:
     item = load_checked(path)
     if not isinstance(item, dict) or not isinstance(item.get("batch_of"), Tensor):
         raise RuntimeError(f"'{path}' is not a pyg_dist batch file")
-    return item["batch_of"]
+    return item
+
+
+def load_batches(root: str) -> Tensor:
+    return _read_batches(root)["batch_of"]
+
+
+def load_batch_cost(root: str) -> Optional[CostModel]:
+    r"""The cost model the stored batches minimise (widths, constants and
+    where they were measured); ``None`` for batch files written before
+    they held one."""
+    item = _read_batches(root)
+    if "cost" not in item:
+        return None
+    return CostModel.from_dict(item["cost"], where=f"'{osp.join(root, BATCHES_FILE)}'")
+
+
+def check_batch_cost(cost: CostModel, num_layers: int, num_features: int) -> None:
+    r"""Refuses a cost model whose widths do not fit a
+    :obj:`num_layers`-layer model over :obj:`num_features` features."""
+    if cost.num_layers != num_layers or int(cost.dims[0]) != num_features:
+        raise ValueError(f"the cost model's widths {list(cost.dims)} do not fit a "
+                         f"{num_layers}-layer model over {num_features} features")
 
 
 def gather_cohesive_batches(data: DistData, num_batches: int, num_layers: int,
-                            seed: int = 0, group=None) -> Tensor:
+                            seed: int = 0, group=None, cost: Optional[CostModel] = None,
+                            hidden: int = 64, model: str = "sage") -> Tensor:
     r""":func:`~pyg_dist.loader.cohesive_batches` of the training nodes of
     the whole graph, computed on rank 0 from every rank's in-edges and
     training nodes (original ids) and broadcast: the batch of every node
-    (``-1``: none). A collective."""
+    (``-1``: none). A collective.
+
+    The batches minimise :obj:`cost`, or without it the cost model rank 0
+    measures (:meth:`CostModel.calibrate`) for a :obj:`model`-kind model of
+    widths :math:`[F, h, \dots, h, C]` with :math:`h` = :obj:`hidden` (the
+    model that will train; 64 is :class:`~pyg_dist.TrainConfig`'s default)
+    on the graph's mean in-degree."""
+    return _gather_batches(data, num_batches, num_layers, seed, group, cost, hidden,
+                           model)[0]
+
+
+def _gather_batches(data: DistData, num_batches: int, num_layers: int, seed: int, group,
+                    cost: Optional[CostModel], hidden: int, model: str
+                    ) -> Tuple[Tensor, CostModel]:
+    r""":func:`gather_cohesive_batches` and the cost model it used (on
+    every rank)."""
+    if cost is not None:  # on every rank, before any collective
+        check_batch_cost(cost, num_layers, data.num_features)
+    if hidden < 1:
+        raise ValueError(f"hidden must be >= 1 (got {hidden})")
+    if model not in MODEL_KINDS:
+        raise ValueError(f"Unknown model kind '{model}' (choose from "
+                         f"{', '.join(MODEL_KINDS)})")
     inner = data.n_id[:data.num_inner].cpu()
     mine = (data.n_id[data.edge_index].cpu(), inner[data.train_mask.cpu()],
             data.num_features, data.y.size(1) if data.y.dim() > 1 else
@@ -60,17 +109,23 @@ def gather_cohesive_batches(data: DistData, num_batches: int, num_layers: int,
     else:
         gathered = [mine]
     batch_of = torch.full((data.num_global_nodes, ), -1, dtype=torch.long)
+    used = [None]
     if gathered is not None:
         edge_index = torch.cat([g[0] for g in gathered], 1)
         nodes = torch.cat([g[1] for g in gathered]).sort().values
         classes = max(g[3] for g in gathered)
-        cost = CostModel(dims=[data.num_features] + [64] * (num_layers - 1) + [classes])
+        if cost is None:
+            dims = [data.num_features] + [hidden] * (num_layers - 1) + [classes]
+            degree = max(edge_index.size(1) / max(data.num_global_nodes, 1), 1.0)
+            cost = CostModel.calibrate(dims, model=model, degree=degree)
         graph = HopGraph(edge_index, data.num_global_nodes, cost)
         batch_of[nodes] = cohesive_batches(graph, edge_index, nodes, num_batches, seed=seed)
+        used = [cost.to_dict()]
     batch_of = batch_of.to(data.n_id.device)
     if dist.is_initialized():
         dist.broadcast(batch_of, src=root, group=group)
-    return batch_of
+        dist.broadcast_object_list(used, src=root, group=group)
+    return batch_of, CostModel.from_dict(used[0])
 
 
 class CohesiveBatchLoader(Loader):
@@ -102,6 +157,12 @@ class CohesiveBatchLoader(Loader):
             batch's partition (e.g. ``lambda data: BNSSampler(data, p=0.1)``);
             every time a batch runs, its layer plans are restricted to a
             fresh draw (:func:`~pyg_dist.loader.cohesive.batch_plan.sample_layers`).
+        cost: with :obj:`num_batches`, the cost model the batches minimise;
+            without it rank 0 measures one (:meth:`CostModel.calibrate`) for
+            the model that will train: kind :obj:`model` (``"sage"``,
+            ``"gcn"``, ``"gin"``, ``"gat"``), width :obj:`hidden`. The cost
+            model used is :attr:`cost` (that of ``batches.pt`` for stored
+            batches; ``None`` when unknown).
     """
 
     inductive = False
@@ -116,13 +177,16 @@ class CohesiveBatchLoader(Loader):
                  shuffle: bool = True, group=None, stats: Optional[CommStats] = None,
                  balanced_root: Optional[str] = None,
                  sampler: Optional[Callable[[DistData], BoundarySampler]] = None,
-                 num_batches: Optional[int] = None) -> None:
+                 num_batches: Optional[int] = None, cost: Optional[CostModel] = None,
+                 hidden: int = 64, model: str = "sage") -> None:
         if num_layers is None or num_layers < 1:
             raise ValueError(f"num_layers must be >= 1 (got {num_layers})")
+        self.cost = cost
         if batch_of is None:
             if num_batches is None:
                 raise ValueError("give batch_of (precomputed batches) or num_batches")
-            batch_of = gather_cohesive_batches(data, num_batches, num_layers, seed, group)
+            batch_of, self.cost = _gather_batches(data, num_batches, num_layers, seed, group,
+                                                  cost, hidden, model)
         elif num_batches is not None and num_batches != int(batch_of.max()) + 1:
             raise ValueError(f"batch_of holds {int(batch_of.max()) + 1} batches, "
                              f"not num_batches={num_batches}")
@@ -164,7 +228,8 @@ class CohesiveBatchLoader(Loader):
         root = inputs.root
         return cls(inputs.data, load_batches(root), len(inputs.context.layer_index),
                    seed=inputs.seed, stats=inputs.stats, sampler=inputs.make_sampler,
-                   balanced_root=root if has_batch_parts(root) else None)
+                   balanced_root=root if has_batch_parts(root) else None,
+                   cost=load_batch_cost(root))
 
     def batch(self, index: int) -> TrainBatch:
         if index not in self._graphs:  # a collective: all ranks build it in step
