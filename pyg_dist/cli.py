@@ -13,6 +13,7 @@ from pyg_dist.distributed import DEFAULT_TIMEOUT
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
+    from pyg_dist.comm.broadcast import EXCHANGES
     from pyg_dist.comm.compress import CODECS
     from pyg_dist.config import MODELS, TrainConfig
     d = TrainConfig()
@@ -34,6 +35,14 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                    help="seconds a rank waits for a peer before failing")
     p.add_argument("--exchange-dtype", choices=list(CODECS), default=d.exchange_dtype,
                    help="how halo rows and gradients travel (int8: per-row scale)")
+    p.add_argument("--exchange", choices=list(EXCHANGES), default=d.exchange,
+                   help="halo: each rank sends its peers the rows they need (default); "
+                        "broadcast: every rank's whole block goes to every rank (CAGNET "
+                        "1-D; with --cache historical, SANCUS's skip-broadcast); full "
+                        "loader and sampler only")
+    p.add_argument("--clip-grad", type=_positive(float, "--clip-grad"), default=None,
+                   metavar="TH", help="clip each rank's local gradient to norm sqrt(P)*TH "
+                                      "before the all-reduce (SANCUS)")
     p.add_argument("--inductive", action="store_true",
                    help="train on the train nodes' subgraph, evaluate on the whole graph "
                         "(needs partition --inductive)")
@@ -101,9 +110,13 @@ def _add_component_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("layers")
     g.add_argument("--precompute-layer0", action="store_true",
                    help="aggregate the raw features of layer 0 once (no layer-0 exchange)")
-    g.add_argument("--overlap", action="store_true",
-                   help="aggregate interior nodes while the halo rows travel (CM-GCN "
-                        "asynchronous computation; exact)")
+    g.add_argument("--overlap", nargs="?", const="layers", default=None,
+                   choices=["layers", "nodes"],
+                   help="CM-GCN asynchronous computation (exact): 'layers' (the default "
+                        "of a bare --overlap) aggregates each layer's interior nodes while "
+                        "its halo rows travel; 'nodes' computes every node of every layer "
+                        "as soon as its inputs arrived, forward and backward (gcn, sage, "
+                        "gin; exact cache)")
     g.add_argument("--feature-cache", choices=POLICIES, default=None,
                    help="keep input features of halo nodes (PSC-GCN: inclusion; "
                         "--loader neighbor: degree, the hottest remote rows)")
@@ -162,9 +175,11 @@ def _config(args: argparse.Namespace, argv: List[str]):
                        **_component_args(args, argv),
                        precompute_layer0=args.precompute_layer0,
                        exchange_dtype=args.exchange_dtype,
+                       exchange=args.exchange, clip_grad=args.clip_grad,
                        feature_cache=args.feature_cache,
                        feature_cache_capacity=args.feature_cache_capacity,
-                       overlap=args.overlap, inductive=args.inductive,
+                       overlap={None: False, "layers": True}.get(args.overlap, args.overlap),
+                       inductive=args.inductive,
                        checkpoint_every=args.checkpoint_every,
                        checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                        overwrite=args.overwrite)

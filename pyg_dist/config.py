@@ -3,19 +3,23 @@ optimiser, then a halo sampler, halo caches and a loader, each a registered
 name with its parameters and validated by its own registry."""
 import math
 from dataclasses import InitVar, asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 import torch
 from torch import Tensor
 from torch_geometric.nn import GAT, GCN, GIN, GraphSAGE
 
-from pyg_dist.cache import FeatureCache, check_cache
+from pyg_dist.cache import CACHES, FeatureCache, check_cache
+from pyg_dist.comm.broadcast import check_exchange
 from pyg_dist.comm.compress import get_codec
 from pyg_dist.deprecation import warn_moved
 from pyg_dist.loader import LOADERS, check_loader
+from pyg_dist.nn.async_layers import check_overlap
 from pyg_dist.sampler import check_sampler
 
 MODELS = {"gcn": GCN, "sage": GraphSAGE, "gat": GAT, "gin": GIN}
+# Models overlap="nodes" schedules across layers (pyg_dist.nn.async_layers).
+NODES_MODELS = ("gcn", "sage", "gin")
 # Whether the plain model takes a torch.sparse adj_t: PyG's GATConv adds its
 # self-loops to an edge_index only (distributed layers take either).
 TAKES_ADJ_T = {"gcn": True, "sage": True, "gat": False, "gin": True}
@@ -72,7 +76,15 @@ class TrainConfig:
     loader_args: Dict[str, Any] = field(default_factory=dict)
     precompute_layer0: bool = False
     exchange_dtype: str = "fp32"  # a key of pyg_dist.comm.compress.CODECS
-    overlap: bool = False  # interior targets aggregate while the halo rows travel
+    # True / "layers": interior targets aggregate while the halo rows travel;
+    # "nodes": every row as soon as its inputs arrived, across layers
+    overlap: Union[bool, str] = False
+    # How halo rows travel: "halo" (point to point) or "broadcast" (CAGNET 1-D
+    # whole blocks, pyg_dist.comm.broadcast).
+    exchange: str = "halo"
+    # SANCUS §4.3.2: each rank clips its local gradient to norm sqrt(P) * clip_grad
+    # before the all-reduce (None: no clipping).
+    clip_grad: Optional[float] = None
     # Train on the subgraph of the train nodes, evaluate on the whole graph
     # (partitions written with partition_graph(..., inductive=True)).
     inductive: bool = False
@@ -142,18 +154,61 @@ class TrainConfig:
                              "choose one")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0 (got {self.checkpoint_every})")
+        if self.clip_grad is not None and not (math.isfinite(self.clip_grad)
+                                               and self.clip_grad > 0):
+            raise ValueError(f"clip_grad must be > 0 and finite (got {self.clip_grad})")
         check_sampler(self.sampler, self.sampler_args)
         get_codec(self.exchange_dtype)
+        check_overlap(self.overlap)
+        if self.overlap == "nodes":
+            self._check_nodes()
         check_cache(self.cache, self.cache_args)
         if self.feature_cache is not None:
             FeatureCache.check(self.feature_cache, self.feature_cache_capacity)
         check_loader(self.loader, self.loader_args, self)
+        self._check_exchange()
+
+    def _check_nodes(self) -> None:
+        if self.model not in NODES_MODELS:
+            raise ValueError(f"overlap='nodes' runs models {', '.join(NODES_MODELS)} (model "
+                             f"'{self.model}' aggregates per edge: use overlap=True)")
+        if CACHES.get(self.cache) is not None and CACHES[self.cache].stale:
+            raise ValueError(f"overlap='nodes' needs the exact cache (cache '{self.cache}' "
+                             f"serves stale rows)")
+        if self.feature_cache is not None or self.precompute_layer0:
+            raise ValueError("overlap='nodes' does not combine with a feature cache or "
+                             "precompute_layer0")
+
+
+    def _check_exchange(self) -> None:
+        r"""The broadcast exchange moves every rank's whole block on the
+        exact full-graph plan: refused with what it cannot run with."""
+        check_exchange(self.exchange)
+        if self.exchange == "halo":
+            return
+        refused = [f"{name}={value!r}" for name, value, ok in (
+            ("loader", self.loader, self.loader == "full"),
+            ("sampler", self.sampler, self.sampler == "full"),
+            ("cache", self.cache, "broadcast" in CACHES[self.cache].exchanges),
+            ("feature_cache", self.feature_cache, self.feature_cache is None),
+            ("overlap", self.overlap, not self.overlap)) if not ok]
+        if refused:
+            raise ValueError(f"exchange='broadcast' moves every rank's whole block on the "
+                             f"exact full-graph plan (CAGNET's 1-D algorithm): it does not "
+                             f"combine with {', '.join(refused)} (use exchange='halo')")
+
+
+# Fields added since the first runs were written, with the value those runs had.
+ADDED_FIELDS = {"exchange": "halo", "clip_grad": None}
 
 
 def upgrade(values: Dict[str, Any]) -> Dict[str, Any]:
     r""":obj:`values` of a config (or a checkpoint's identity) as this
-    release names them: the legacy fields folded into ``loader_args``."""
+    release names them: the legacy fields folded into ``loader_args``, and
+    the fields added since (:data:`ADDED_FIELDS`) with the value they had."""
     out = {k: v for k, v in values.items() if k not in LEGACY_FIELDS}
+    for name, value in ADDED_FIELDS.items():
+        out.setdefault(name, value)
     loader = out.get("loader", "full")
     if "loader_args" not in values:
         args: Dict[str, Any] = {}

@@ -3,6 +3,7 @@ function and one metrics path; and its single-process PyG twin for
 comparisons."""
 import copy
 import json
+import math
 import os
 import os.path as osp
 import shutil
@@ -123,7 +124,8 @@ def _distribute(model: torch.nn.Module, data, config: TrainConfig,
                                   config.seed) if config.feature_cache else None)
     distribute(model, data, stats=inputs.stats, precompute_layer0=config.precompute_layer0,
                exchange_dtype=config.exchange_dtype, cache=cache,
-               feature_cache=feature_cache, overlap=config.overlap)
+               feature_cache=feature_cache, overlap=config.overlap,
+               exchange=config.exchange)
     ctx = model.dist_context
     sampler_args = dict(config.sampler_args)
     if config.sampler == "vr":  # PSC's coefficient c_ij is GCN's; others aggregate plainly
@@ -183,6 +185,7 @@ class _Run:
                 "bytes_saved": stats.counts["bytes_saved"]}
         maxes = {"time": step_time, "time_comm": stats.time["comm"],
                  "time_reduce": stats.time["reduce"], "time_sample": stats.time["sample"],
+                 "time_comm_backward": stats.time["comm_backward"],
                  "stop": float(stop_requested())}
         loader_sums, loader_maxes = loader.metrics()
         for mine, theirs in ((sums, loader_sums), (maxes, loader_maxes)):
@@ -193,6 +196,7 @@ class _Run:
         sums, maxes = reduce_over_ranks(sums, maxes, self.device)
         row = epoch_row(epoch, sums, maxes, peak, self.device, self.world)
         row.update(self.baseline)
+        row["time_comm_backward"] = maxes["time_comm_backward"]  # the part of time_comm
         row.update(loader.row_fields(sums, row, self.world))
         return row, bool(maxes["stop"])  # any rank asked to stop (the same answer on all)
 
@@ -209,7 +213,8 @@ class _Run:
             loss.backward()
         if distributed:
             self.ctx.cache.step()
-        _step(self.params, self.optimizer, loss, epoch, self.world, self.stats)
+        _step(self.params, self.optimizer, loss, epoch, self.world, self.stats,
+              self.config.clip_grad)
         return loss.detach()
 
     def evaluate(self) -> Dict[str, float]:
@@ -257,10 +262,29 @@ def _allreduce_grads(params: List[Tensor], group=None,
     return (float(flat[-1]) if extra else 0.0), bool(torch.isfinite(flat).all())
 
 
+def clip_local_grads(params: List[Tensor], clip: float, world: int) -> float:
+    r"""SANCUS's local gradient clipping (§4.3.2): this rank's gradient,
+    its term of the all-reduced sum, is scaled to norm at most
+    :math:`th_i = \sqrt{P} \cdot th` (:obj:`clip` is :math:`th`,
+    :obj:`world` is :math:`P`), the local threshold the paper sets for
+    :math:`P` workers:
+
+    .. math::
+        g_i \leftarrow g_i \cdot \min\left(1, \frac{\sqrt{P}\, th}{\|g_i\|_2}\right)
+
+    with :math:`\|g_i\|_2` over all parameters. Returns the norm before
+    clipping."""
+    return float(torch.nn.utils.clip_grad_norm_(params, math.sqrt(world) * clip))
+
+
 def _step(params: List[Tensor], optimizer, loss: Tensor, epoch: int, world: int,
-          stats: CommStats) -> None:
+          stats: CommStats, clip_grad: Optional[float] = None) -> None:
     r"""Sums the gradients over the ranks and steps, unless the loss or a
-    gradient is not finite (:class:`NonFiniteError`, on every rank)."""
+    gradient is not finite (:class:`NonFiniteError`, on every rank); with
+    :obj:`clip_grad`, each rank clips its own gradient first
+    (:func:`clip_local_grads`)."""
+    if clip_grad is not None:
+        clip_local_grads(params, clip_grad, world)
     with stats.timer("reduce") if world > 1 else nullcontext():
         total, finite = _allreduce_grads(params, loss=loss)
     if not finite:

@@ -224,7 +224,8 @@ def dropout_after_exchange(root: str):
             "halo_zeros": float((seen["convs.1.x"] == 0).float().mean())}
 
 
-def historical_checks(root: str, bound: str, sampled: bool, iterations: int = 9):
+def historical_checks(root: str, bound: str, sampled: bool, iterations: int = 9,
+                      exchange: str = "halo"):
     r"""Training with SANCUS's cache: per iteration and layer, the bytes
     that travelled, and the cache's age / gap counters and logs."""
     from torch_geometric.nn import GraphSAGE
@@ -232,7 +233,7 @@ def historical_checks(root: str, bound: str, sampled: bool, iterations: int = 9)
     torch.manual_seed(0)
     cache = HistoricalCache(bound, record=True)
     model = pyg_dist.nn.distribute(GraphSAGE(part.num_features, 16, 3, 4), part,
-                                   cache=cache)
+                                   cache=cache, exchange=exchange)
     ctx, stats = model.dist_context, model.comm_stats
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     bns = build_sampler("bns", part, seed=5, p=0.5) if sampled else None
@@ -499,3 +500,40 @@ def stale_layer_records(root: str, model_name: str, tau: int, iterations: int = 
     model.dist_context.finish()
     return {"inner": part.n_id[:part.num_inner], "halo": part.n_id[part.num_inner:],
             "records": records}
+
+
+def historical_served_rows(root: str, bounds: list, exchange: str, sampled: bool,
+                           iterations: int = 8):
+    r"""Per bound, a 3-layer GraphSAGE trained under SANCUS's cache with
+    weights that change every iteration (SGD); per iteration and layer this
+    rank's true rows (its inner rows, what it owns) and what the cache
+    served it: the halo rows, which of the partition's halo rows they are,
+    and the version the cache recorded for each."""
+    from torch_geometric.nn import GraphSAGE
+    part = pyg_dist.DistData.load(root, dist.get_rank())
+    bns = build_sampler("bns", part, seed=5, p=0.5) if sampled else None
+    runs = {}
+    for bound in bounds:
+        torch.manual_seed(0)
+        cache = HistoricalCache(bound)
+        model = pyg_dist.nn.distribute(GraphSAGE(part.num_features, 16, 3, 4), part,
+                                       cache=cache, exchange=exchange)
+        ctx, records = model.dist_context, []
+
+        def observe(key, x_src, plan, records=records, cache=cache):
+            rows = plan.recv_rows()
+            records[-1][key] = (x_src[:part.num_inner].detach().clone(),
+                                x_src[part.num_inner:].detach().clone(), rows.clone(),
+                                cache.history[key].version[rows].clone())
+        ctx.observers.append(observe)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        for t in range(iterations):
+            records.append({})
+            optimizer.zero_grad()
+            with ctx.use(bns.plan(t) if bns else ctx.full_plan):
+                model(part.x, part.adj_t).pow(2).mean().backward()
+            cache.step()
+            optimizer.step()
+        runs[bound] = records
+    return {"n_id": part.n_id, "num_inner": part.num_inner, "owner": part.halo_owner,
+            "runs": runs}

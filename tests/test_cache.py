@@ -159,45 +159,210 @@ def _agree(results):
                         assert t_peer == t and recv_counts[rank] == count, (key, t)
 
 
-@pytest.mark.parametrize("bound", ["fixed:2", "adaptive:1"])
-def test_historical_epoch_bounds(parts3, bound):
+# Exact plan: the iterations between two resends of a layer, per epoch bound
+# (adaptive: a receiver finds a copy older than A after using it, and the
+# owner resends at the next iteration, Algorithm 5).
+PERIOD = {"fixed": lambda e: e + 1, "age": lambda a: a + 1, "adaptive": lambda a: a + 2}
+
+
+@pytest.fixture(scope="module")
+def historical_runs(parts3):
+    r"""``historical_checks`` per (bound, exchange, sampled), run once."""
+    runs = {}
+
+    def get(bound: str, exchange: str = "halo", sampled: bool = False):
+        if (bound, exchange, sampled) not in runs:
+            runs[bound, exchange, sampled] = pyg_dist.spawn(
+                workers.historical_checks, 3, (parts3, bound, sampled, 9, exchange),
+                timeout=120)
+        return runs[bound, exchange, sampled]
+    return get
+
+
+def _resends(result):
+    r"""Per iteration, whether any layer's rows travelled to this rank."""
+    return [any(v > 0 for v in layers.values()) for layers in result["rounds"]]
+
+
+@pytest.mark.parametrize("exchange", ["halo", "broadcast"])
+@pytest.mark.parametrize("bound", ["fixed:1", "fixed:2", "age:2", "adaptive:1",
+                                   "adaptive:2"])
+def test_historical_epoch_bounds(historical_runs, bound, exchange):
+    r"""Exact plan: every layer is resent every :data:`PERIOD` iterations
+    and the oldest row served is one period minus one old."""
     kind, epochs = bound.split(":")
-    epochs = int(epochs)
-    results = pyg_dist.spawn(workers.historical_checks, 3, (parts3, bound, False),
-                             timeout=120)
+    period = PERIOD[kind](int(epochs))
+    results = historical_runs(bound, exchange)
     _agree(results)
     for r in results:
-        assert r["max_age"] and max(r["max_age"].values()) == epochs
+        assert r["max_age"] and max(r["max_age"].values()) == period - 1
         assert r["saved"] > 0
         for t, layers in enumerate(r["rounds"]):
-            resend = t % (epochs + 1) == 0  # exact plan: every row has one age
+            resend = t % period == 0  # exact plan: every row has one age
             for key, received in layers.items():
                 assert (received > 0) == resend, (t, key, received)
 
 
-@pytest.mark.parametrize("bound", ["adaptive:2", "fixed:2"])
-def test_historical_under_sampling_bounds_every_row(parts3, bound):
-    results = pyg_dist.spawn(workers.historical_checks, 3, (parts3, bound, True),
-                             timeout=120)
+def test_adaptive_and_fixed_schedules_differ(historical_runs):
+    r"""SCS-A and SCS-E at the same bound: the paper's Fig. 14 — fixed:1
+    resends every other epoch, adaptive:1 one epoch after a receiver finds
+    its copy 2 epochs old (0, 3, 6, ...), so less often, with older rows."""
+    for exchange in ("halo", "broadcast"):
+        fixed = historical_runs("fixed:1", exchange)
+        adaptive = historical_runs("adaptive:1", exchange)
+        for f, a in zip(fixed, adaptive):
+            assert _resends(f) == [t % 2 == 0 for t in range(9)]
+            assert _resends(a) == [t % 3 == 0 for t in range(9)]
+            assert max(a["max_age"].values()) == 2 > max(f["max_age"].values()) == 1
+            assert a["saved"] > f["saved"]
+
+
+@pytest.mark.parametrize("bound,limit", [("age:2", 2), ("fixed:2", 2), ("adaptive:1", 2)])
+def test_historical_under_sampling_bounds_every_row(historical_runs, bound, limit):
+    results = historical_runs(bound, "halo", True)
     _agree(results)
     for r in results:
-        assert max(r["max_age"].values()) <= 2
+        assert max(r["max_age"].values()) <= limit
         # rows age apart: some rounds outside the every-third schedule send rows
         assert any(v > 0 for t, layers in enumerate(r["rounds"]) if t % 3
                    for v in layers.values())
 
 
-def test_historical_gap_bound(parts3):
-    results = pyg_dist.spawn(workers.historical_checks, 3, (parts3, "gap:0.05", False),
-                             timeout=120)
+@pytest.mark.parametrize("bound", ["gap:0.05", "gap-abs:0.5"])
+def test_historical_gap_bound(historical_runs, bound):
+    value = float(bound.split(":")[1])
+    results = historical_runs(bound)
     _agree(results)
     skipped = 0
     for r in results:
-        assert all(g <= 0.05 for g in r["max_gap"].values()), r["max_gap"]
+        assert all(g <= value for g in r["max_gap"].values()), r["max_gap"]
         skipped += sum(v == 0 for layers in r["rounds"][1:] for v in layers.values())
     assert skipped > 0  # the bound let some rounds skip
 
 
+SERVED_BOUNDS = ["fixed:2", "adaptive:1", "age:2", "gap:0.3", "gap-abs:10.0"]
+
+
+@pytest.fixture(scope="module")
+def served(parts3):
+    r"""``historical_served_rows`` per (exchange, sampled), run once."""
+    runs = {}
+
+    def get(exchange: str, sampled: bool):
+        if (exchange, sampled) not in runs:
+            runs[exchange, sampled] = pyg_dist.spawn(
+                workers.historical_served_rows, 3, (parts3, SERVED_BOUNDS, exchange, sampled),
+                timeout=180)
+        return runs[exchange, sampled]
+    return get
+
+
+@pytest.fixture(params=[("halo", False), ("halo", True), ("broadcast", False)],
+                ids=["halo", "halo-sampled", "broadcast"])
+def served_rows(served, request):
+    exchange, sampled = request.param
+    return exchange, sampled, served(exchange, sampled)
+
+
+def _truth(ranks, bound: str, key: str) -> torch.Tensor:
+    r"""``[iteration, node, F]``: every node's row as its owner had it."""
+    runs = [r["runs"][bound] for r in ranks]
+    num_nodes = max(int(r["n_id"].max()) for r in ranks) + 1
+    width = runs[0][0][key][0].size(1)
+    truth = torch.full((len(runs[0]), num_nodes, width), float("nan"))
+    for r, records in zip(ranks, runs):
+        for t, layers in enumerate(records):
+            truth[t, r["n_id"][:r["num_inner"]]] = layers[key][0]
+    return truth
+
+
+@pytest.mark.parametrize("bound", SERVED_BOUNDS)
+def test_historical_serves_the_owners_rows_at_their_version(served_rows, bound):
+    r"""Every halo row the cache serves equals its owner's row at the
+    version the cache recorded for it (weights change every iteration, so
+    another version's row differs), never newer than the current iteration
+    and never older than the bound allows; and rows of earlier versions are
+    really served (the test can tell them apart)."""
+    exchange, sampled, ranks = served_rows
+    kind, value = bound.split(":")
+    limit = {"fixed": 0, "age": 0, "adaptive": 1}.get(kind)
+    limit = None if limit is None else limit + int(value)
+    stale_and_different = 0
+    for key in ranks[0]["runs"][bound][0]:
+        truth = _truth(ranks, bound, key)
+        for r in ranks:
+            halo_id = r["n_id"][r["num_inner"]:]
+            for t, layers in enumerate(r["runs"][bound]):
+                _, served, rows, version = layers[key]
+                assert bool((version >= 0).all() and (version <= t).all()), (key, t)
+                if limit is not None:
+                    assert int((t - version).max()) <= limit, (key, t)
+                ids = halo_id[rows]
+                want = truth[version, ids]
+                assert torch.equal(served, want), (bound, key, t)
+                stale_and_different += int(((version < t)
+                                            & (want != truth[t, ids]).any(1)).sum())
+    assert stale_and_different > 0
+
+
+def _owner_gap(ranks, truth, owner: int, t: int, previous: int, exchange: str,
+               relative: bool) -> float:
+    r"""The owner's :math:`\|H_t - \tilde H\|_F` (relative: over
+    :math:`\|\tilde H\|_F`) over the rows its exchange moves: its whole
+    block (broadcast) or every halo row of every peer (halo), against
+    version :obj:`previous`, the one its peers hold."""
+    if exchange == "broadcast":
+        r = ranks[owner]
+        ids = r["n_id"][:r["num_inner"]]
+    else:
+        ids = torch.cat([r["n_id"][r["num_inner"]:][r["owner"] == owner] for r in ranks])
+    old = truth[previous, ids]
+    gap = float((truth[t, ids] - old).norm())
+    return gap / max(float(old.norm()), 1e-30) if relative else gap
+
+
+@pytest.mark.parametrize("exchange", ["halo", "broadcast"])
+def test_historical_resends_when_the_paper_says(served, exchange):
+    r"""Exact plan, from the recorded rows alone: an owner resends a layer
+    at iteration :math:`t` exactly when its bound says — adaptive: some
+    receiver held a copy more than :math:`A` old at :math:`t - 1`; the gap
+    bounds: its rows moved more than :math:`H` (absolute, or relative to
+    the rows) from the version its peers hold."""
+    ranks = served(exchange, False)
+    for bound in ("adaptive:1", "gap:0.3", "gap-abs:10.0"):
+        kind, value = bound.split(":")
+        value = float(value)
+        decisions = set()
+        for key in ranks[0]["runs"][bound][0]:
+            truth = _truth(ranks, bound, key)
+            versions = torch.full(truth.shape[:2], -1, dtype=torch.long)
+            for r in ranks:  # per iteration, the version served of each halo node
+                halo_id = r["n_id"][r["num_inner"]:]
+                for t, layers in enumerate(r["runs"][bound]):
+                    versions[t, halo_id[layers[key][2]]] = layers[key][3]
+            owner_of = torch.full((truth.size(1), ), -1, dtype=torch.long)
+            for o, r in enumerate(ranks):
+                owner_of[r["n_id"][:r["num_inner"]]] = o
+            for t in range(1, truth.size(0)):
+                for o in range(len(ranks)):
+                    mine = (owner_of == o) & (versions[t] >= 0)
+                    if not bool(mine.any()):
+                        continue
+                    resent = bool((versions[t][mine] == t).any())
+                    assert bool((versions[t][mine] == t).all()) == resent  # whole owners
+                    if kind == "adaptive":
+                        want = int((t - 1 - versions[t - 1][mine]).max()) > value
+                    else:
+                        held = versions[t - 1][mine]
+                        assert bool((held == held[0]).all())  # one version per owner
+                        gap = _owner_gap(ranks, truth, o, t, int(held[0]), exchange,
+                                         kind == "gap")
+                        if abs(gap - value) < 1e-4 * value:
+                            continue  # too close to call in fp32
+                        want = gap > value
+                    assert resent == want, (bound, key, t, o)
+                    decisions.add(resent)
+        assert decisions == {True, False}, bound  # both happen: the check can fail
 @pytest.mark.parametrize("policy", ["inclusion", "degree", "random"])
 def test_feature_cache(parts3, graph, policy):
     for r in pyg_dist.spawn(workers.feature_cache_checks, 3, (parts3, policy, "40%"),
@@ -221,6 +386,10 @@ def test_invalid_cache_parameters():
                          ("pipeline", dict(start="zeros")),
                          ("historical", dict(bound="fixed:-1")),
                          ("historical", dict(bound="gap:0")),
+                         ("historical", dict(bound="gap-abs:-1")),
+                         ("historical", dict(bound="gap-abs:nan")),
+                         ("historical", dict(bound="age:1.5")),
+                         ("historical", dict(bound="adaptive:-1")),
                          ("historical", dict(bound="sometimes:3")),
                          ("historical", dict(staleness=2)), ("lru", {})]:
         with pytest.raises(ValueError):
@@ -231,6 +400,8 @@ def test_invalid_cache_parameters():
             FeatureCache.check(policy, capacity)
     assert parse_capacity("8MB") == (8, "MB") and parse_capacity(100) == (100, "")
     assert HistoricalCache("gap:0.5").bound == 0.5 and PipelineCache(2).lookahead == 2
+    assert (HistoricalCache("gap-abs:0.02").kind, HistoricalCache("age:3").bound) == \
+        ("gap-abs", 3)
 
 
 def test_background_sampling_draws_the_same_plans(parts3):
@@ -254,3 +425,17 @@ def test_overlap_equals_the_exchange_first_result(parts3):
                 # every layer overlapped, except GAT's (per-edge path: exchange first)
                 layers = {"GraphSAGE": 3, "GCN": 3, "GIN": 2, "GraphConv": 1, "GAT": 0}
                 assert plain[3] == 0 and overlapped[3] == layers[name], (name, case)
+
+
+def test_checkpoint_of_the_previous_adaptive_bound_resumes_with_it():
+    r"""A cache state written when ``adaptive:A`` was the per-row bound (no
+    ``format``) resumes under that bound, now ``age:A``, with a warning; a
+    state of this release keeps the paper's Algorithm 5."""
+    old = {"iteration": 3, "history": {}, "max_age": {}, "max_gap": {}}
+    cache = HistoricalCache("adaptive:2")
+    with pytest.warns(FutureWarning, match="now called 'age:2'"):
+        cache.load_state_dict(old)
+    assert (cache.kind, cache.bound, cache.iteration) == ("age", 2, 3)
+    fresh = HistoricalCache("adaptive:2")
+    fresh.load_state_dict(HistoricalCache("adaptive:2").state_dict())
+    assert fresh.kind == "adaptive"

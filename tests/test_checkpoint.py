@@ -22,6 +22,10 @@ CONFIGS = {
                                     cache_args={"smooth_features": 0.9, "smooth_grads": 0.9}),
     "historical": dataclasses.replace(BASE, cache="historical",
                                       cache_args={"bound": "adaptive:2"}),
+    # SANCUS on whole blocks: block versions and the last broadcast block
+    "historical-broadcast": dataclasses.replace(BASE, cache="historical",
+                                                cache_args={"bound": "gap-abs:2"},
+                                                exchange="broadcast", clip_grad=0.5),
     "neighbor": dataclasses.replace(BASE, loader="neighbor", loader_args={
         "fanout": [3, 3, 3], "batch_size": 40, "workers": 1}),
 }

@@ -62,6 +62,13 @@ def test_partition_info_train(tmp_path):
     (["--nproc", "-1"], "--nproc must be a finite number > 0"),
     (["--nproc", "0"], "--nproc must be a finite number > 0"),
     (["--resume", "--overwrite"], "choose one"),
+    (["--bound", "gap-abs:0"], "gap-abs:H needs H > 0"),
+    (["--bound", "adaptive:0.5"], "number of epochs >= 0"),
+    (["--clip-grad", "0"], "--clip-grad must be a finite number > 0"),
+    (["--exchange", "ring"], "invalid choice"),
+    (["--exchange", "broadcast", "--sampler", "bns"], "does not combine with sampler='bns'"),
+    (["--exchange", "broadcast", "--cache", "pipeline"], "cache='pipeline'"),
+    (["--exchange", "broadcast", "--overlap"], "overlap=True"),
 ])
 def test_bad_hyper_parameters(tmp_path, args, message, capsys):
     from pyg_dist.cli import main  # in process: refused before any rank starts

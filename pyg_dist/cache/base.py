@@ -4,6 +4,7 @@ from typing import Any, Dict, Sequence, Tuple
 from torch import Tensor
 
 from pyg_dist.comm import HaloPlan, halo_exchange
+from pyg_dist.comm.broadcast import block_exchange
 from pyg_dist.options import Option
 
 
@@ -34,6 +35,9 @@ class HaloCache:
     lookahead: int = 0
     #: Its hyper-parameters, as the command line offers them.
     options: Tuple[Option, ...] = ()
+    #: The exchanges it serves (:attr:`HaloContext.exchange
+    #: <pyg_dist.nn.HaloContext>`).
+    exchanges: Tuple[str, ...] = ("halo", )
 
     def __init__(self) -> None:
         self.iteration = 0
@@ -52,7 +56,11 @@ class HaloCache:
         raise NotImplementedError
 
     def exact_fetch(self, key: str, x: Tensor, plan: HaloPlan) -> Tensor:
+        r"""The rows of :obj:`plan` now, by the context's exchange (halo
+        rows point to point, or whole-block broadcasts)."""
         ctx = self.ctx
+        if getattr(ctx, "exchange", "halo") == "broadcast":
+            return block_exchange(x, plan, ctx.data, ctx.group, ctx.stats, key, ctx.codec)
         return halo_exchange(x, plan, ctx.group, ctx.stats, key, ctx.codec)
 
     def step(self) -> None:
@@ -79,6 +87,7 @@ class HaloCache:
 class ExactCache(HaloCache):
     r"""Exchanges the rows of the current iteration, synchronously (the
     exact partition-parallel computation)."""
+    exchanges = ("halo", "broadcast")
 
     def fetch(self, key: str, x: Tensor, plan: HaloPlan,
               upcoming: Sequence[HaloPlan] = ()) -> Tensor:

@@ -1,5 +1,7 @@
 """SANCUS: historical halo embeddings with bounded staleness and
 skip-broadcast."""
+import math
+import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -9,29 +11,43 @@ from torch import Tensor
 
 from pyg_dist.cache.base import HaloCache
 from pyg_dist.comm import HaloPlan
+from pyg_dist.comm.broadcast import (block_sizes, broadcast_blocks, halo_of_blocks,
+                                     halo_ranges, reduce_blocks, require_full_plan,
+                                     wire_row_bytes)
 from pyg_dist.comm.exchange import exchange_rows, return_grads
 from pyg_dist.options import Option
 
-BOUNDS = ("fixed", "adaptive", "gap")
+BOUNDS = ("fixed", "adaptive", "age", "gap", "gap-abs")
+# Bounds counted in iterations, and those on the embeddings' variation.
+EPOCH_BOUNDS, GAP_BOUNDS = ("fixed", "adaptive", "age"), ("gap", "gap-abs")
+# The layout of state_dict(): 2 since 'adaptive' is the paper's Algorithm 5.
+STATE_FORMAT = 2
 
 
 def parse_bound(bound: str) -> Tuple[str, float]:
-    r"""``"fixed:E"``, ``"adaptive:A"`` (epochs, integers >= 0) or
-    ``"gap:H"`` (relative variation > 0) → ``(kind, value)``."""
+    r"""``"fixed:E"``, ``"adaptive:A"``, ``"age:A"`` (iterations, integers
+    >= 0), ``"gap:H"`` (relative variation > 0) or ``"gap-abs:H"``
+    (absolute variation > 0) → ``(kind, value)``."""
     kind, _, value = str(bound).partition(":")
     try:
         number = float(value)
     except ValueError:
         number = None
     if kind not in BOUNDS or number is None:
-        raise ValueError(f"bound must be fixed:E, adaptive:A or gap:H (got '{bound}')")
-    if kind == "gap":
-        if not number > 0:
-            raise ValueError(f"gap:H needs H > 0 (got {value})")
+        raise ValueError(f"bound must be fixed:E, adaptive:A, age:A, gap:H or gap-abs:H "
+                         f"(got '{bound}')")
+    if kind in GAP_BOUNDS:
+        if not (math.isfinite(number) and number > 0):
+            raise ValueError(f"{kind}:H needs H > 0 and finite (got {value})")
         return kind, number
-    if number != int(number) or number < 0:
+    if not math.isfinite(number) or number != int(number) or number < 0:
         raise ValueError(f"{kind}:{value}: the staleness bound is a number of epochs >= 0")
     return kind, int(number)
+
+
+def _checked_bound(text: str) -> str:
+    parse_bound(text)
+    return text
 
 
 @dataclass
@@ -41,42 +57,77 @@ class _History:
     rows: Tensor  # [num_halo, F] the cached halo rows
     version: Tensor  # [num_halo] iteration each cached row was computed at; -1: never
     sent_version: Tensor  # [num_send] iteration each send row was last sent at
-    sent_rows: Optional[Tensor] = None  # [num_send, F] their values (gap bound)
+    # Gap bounds: the values last sent ([num_send, F]; the broadcast exchange: the
+    # whole block, [num_inner, F]).
+    sent_rows: Optional[Tensor] = None
     last_broadcast: Optional[int] = None  # fixed bound: the shared schedule
+    # adaptive bound: the owners this rank found too stale at the last
+    # iteration (Algorithm 5's flags F(j)), acted on at the next.
+    flags: Optional[Tensor] = None
+    # broadcast exchange: the iteration each rank last broadcast its block (-1: never).
+    block_version: Optional[Tensor] = None
     log: List[Tuple[int, List[int], List[int]]] = field(default_factory=list)
 
 
 class HistoricalCache(HaloCache):
-    r"""SANCUS's historical embeddings: every rank keeps the last halo rows
-    it received for each layer with their version (the iteration they were
-    computed at), and an owner *skips* sending a layer's rows while the
-    staleness bound holds (skip-broadcast):
+    r"""SANCUS's historical embeddings (Peng et al., §4.3): every rank keeps
+    the last halo rows it received for each layer with their version (the
+    iteration they were computed at), and an owner *skips* sending a
+    layer's rows while the staleness bound holds (skip-broadcast). With
+    ``exchange="halo"`` an owner resends the rows its peers need, with
+    ``exchange="broadcast"`` its whole block (SANCUS's one-to-all
+    broadcasts, :mod:`pyg_dist.comm.broadcast`). The bounds (an iteration
+    of full-graph training is an epoch):
 
-    * ``fixed:E`` (Def. 1): all ranks resend every layer every :math:`E + 1`
-      iterations, so a row in use is never more than :math:`E` old
-      (under a sampler, a row the last resend did not carry also travels
-      when it would be older). A shared schedule: no message says what comes.
-    * ``adaptive:A`` (Def. 2): a row is resent to a receiver when the
-      receiver's copy would be more than :math:`A` iterations old; owner
-      and receiver each keep the versions, so both know without a message.
-      Per row and per receiver: under a sampler, rows age apart.
-    * ``gap:H`` (Def. 3): an owner resends a layer's rows when they moved,
-      relative to what it last sent, by more than :math:`H`:
-      :math:`\|H - \tilde H\|_F > H \cdot \|\tilde H\|_F` (relative, so one
-      :math:`H` fits every layer's scale). A one-flag-per-rank all-reduce
-      tells the receivers which owners resend.
+    * ``fixed:E`` (Def. 1, Alg. 4, SCS-E): all ranks resend every layer
+      every :math:`E + 1` iterations, so a row in use is never more than
+      :math:`E` old (under a sampler, a row the last resend did not carry
+      also travels when it would be older). A shared schedule: no message.
+    * ``adaptive:A`` (Def. 2, Alg. 5, SCS-A): each receiver :math:`i`
+      checks, after using them at iteration :math:`t`, the rows of every
+      owner :math:`j` it reads: if :math:`t - \mathrm{Ver}_i(j) > A`
+      (:math:`\mathrm{Ver}_i(j)` the oldest version of them), it flags
+      :math:`F(j) \leftarrow \mathrm{ACTIVE}`, and :math:`j` resends at the
+      next iteration (one all-reduce of one flag per rank carries the
+      flags). On the exact plan an owner so resends :math:`A + 2`
+      iterations after its last resend and a row in use is at most
+      :math:`A + 1` old, as in the paper's Fig. 14(b) (:math:`A = 1`:
+      computed at 7, found too stale at 9, resent at 10), where ``fixed:A``
+      resends every :math:`A + 1`. Under a sampler a row a plan needs that
+      is older than :math:`A + 1` also travels at once, so no row in use is
+      older.
+    * ``age:A``: a row is resent to a receiver when the receiver's copy
+      would be more than :math:`A` iterations old; owner and receiver each
+      keep the versions, so both know without a message. Per row and per
+      receiver (under a sampler rows age apart); on the exact plan the
+      schedule of ``fixed:A``. (This was ``adaptive:A`` before it followed
+      Algorithm 5.)
+    * ``gap-abs:H`` (Def. 3, Alg. 6, SCS-H): an owner resends a layer's
+      rows when they moved, from what it last sent, by more than :math:`H`:
+      :math:`\|H_i - \tilde H_i\|_F > H`, the paper's absolute bound (the
+      paper does not name the norm; the Frobenius norm of the rows that
+      travel, so the same :math:`H` allows less change per row on a larger
+      block).
+    * ``gap:H``: the same check relative to the rows' size,
+      :math:`\|H_i - \tilde H_i\|_F > H \cdot \|\tilde H_i\|_F`, so one
+      :math:`H` fits every layer's scale.
 
-    A row a plan needs that a receiver has never received always travels.
-    Gradients of the halo rows travel back to their owners every iteration,
-    as SANCUS broadcasts them (they are taken at the cached values).
+    The gap bounds decide on the owner, and one all-reduce of one flag per
+    rank tells the receivers which owners resend. A row a plan needs that a
+    receiver has never received always travels. Gradients of the halo rows
+    travel back to their owners every iteration, as SANCUS broadcasts them
+    (they are taken at the cached values).
 
     Counters: :attr:`max_age` (the oldest row served, in iterations) and
-    :attr:`max_gap` (the largest relative variation an owner skipped) per
-    layer, and ``bytes_saved`` in the context's stats; with :obj:`record`,
-    every exchange's counts per layer (``history[key].log``).
+    :attr:`max_gap` (the largest variation an owner skipped, in the bound's
+    unit) per layer, and ``bytes_saved`` in the context's stats; with
+    :obj:`record`, every exchange's counts per layer (``history[key].log``).
     """
     stale = True
-    options = (Option("bound", "adaptive:1", "fixed:E | adaptive:A | gap:H"), )
+    exchanges = ("halo", "broadcast")
+    options = (Option("bound", "adaptive:1",
+                      "fixed:E | adaptive:A | age:A | gap:H (relative) | gap-abs:H",
+                      type=_checked_bound), )
 
     def __init__(self, bound: str = "adaptive:1", record: bool = False) -> None:
         super().__init__()
@@ -92,61 +143,70 @@ class HistoricalCache(HaloCache):
 
     def fetch(self, key: str, x: Tensor, plan: HaloPlan,
               upcoming: Sequence[HaloPlan] = ()) -> Tensor:
-        ctx, t = self.ctx, self.iteration
+        ctx = self.ctx
         inputs, x = x, x.detach()
         state = self.history.get(key)
         if state is None or state.rows.shape[1:] != x.shape[1:]:
             state = self.history[key] = self._new_state(x)
-        recv, send = plan.recv_rows(), plan.send_rows()
-        recv_fetch, send_fetch = state.version[recv] < 0, state.sent_version[send] < 0
-        if self.kind == "fixed":
-            if state.last_broadcast is None or t - state.last_broadcast > self.bound:
-                state.last_broadcast = t
-                recv_fetch[:], send_fetch[:] = True, True
-            # A sampled plan may need a row the last broadcast did not carry.
-            recv_fetch |= t - state.version[recv] > self.bound
-            send_fetch |= t - state.sent_version[send] > self.bound
-        elif self.kind == "adaptive":
-            recv_fetch |= t - state.version[recv] > self.bound
-            send_fetch |= t - state.sent_version[send] > self.bound
+        if ctx.exchange == "broadcast":
+            require_full_plan(plan, ctx.data)
+            recv = plan.recv_rows()
+            self._broadcast(key, state, x, self._active_owners(key, state, x))
         else:
-            resend = self._owners_resending(key, state, x, plan, send, send_fetch)
-            recv_fetch |= resend[ctx.data.halo_owner[recv]]
-            send_fetch |= resend[ctx.rank]
-        self._refresh(key, state, x, recv[recv_fetch], send[send_fetch], plan)
-        age = t - state.version[recv]
+            recv = self._exchange(key, state, x, plan)
+        age = self.iteration - state.version[recv]
         self.max_age[key] = max(self.max_age.get(key, 0),
                                 int(age.max()) if age.numel() else 0)
+        if self.kind == "adaptive":  # Algorithm 5: flag the owners too stale
+            state.flags = torch.zeros(ctx.world_size, dtype=torch.int32, device=x.device)
+            state.flags[ctx.data.halo_owner[recv][age > self.bound]] = 1
         return _HistoricalHalo.apply(inputs, state.rows[recv], self, key, plan)
 
     def _new_state(self, x: Tensor) -> _History:
-        data = self.ctx.data
-        num_send = data.send_index.numel()
+        ctx = self.ctx
+        data, device = ctx.data, x.device
+        broadcast = ctx.exchange == "broadcast"
+        num_send = 0 if broadcast else data.send_index.numel()
+        num_sent_rows = data.num_inner if broadcast else num_send
         return _History(
             rows=x.new_zeros((data.num_halo, ) + tuple(x.shape[1:])),
-            version=torch.full((data.num_halo, ), -1, dtype=torch.long, device=x.device),
-            sent_version=torch.full((num_send, ), -1, dtype=torch.long, device=x.device),
-            sent_rows=(x.new_zeros((num_send, ) + tuple(x.shape[1:]))
-                       if self.kind == "gap" else None))
+            version=torch.full((data.num_halo, ), -1, dtype=torch.long, device=device),
+            sent_version=torch.full((num_send, ), -1, dtype=torch.long, device=device),
+            sent_rows=(x.new_zeros((num_sent_rows, ) + tuple(x.shape[1:]))
+                       if self.kind in GAP_BOUNDS else None),
+            block_version=(torch.full((ctx.world_size, ), -1, dtype=torch.long,
+                                      device=device) if broadcast else None))
 
-    def _owners_resending(self, key: str, state: _History, x: Tensor, plan: HaloPlan,
-                          send: Tensor, never_sent: Tensor) -> Tensor:
-        r"""Which ranks resend this layer (gap bound): each owner checks its
-        own rows, one flag per rank travels."""
-        ctx = self.ctx
-        sent_before = send[~never_sent]
-        current = x[ctx.data.send_index[sent_before]]
-        previous = state.sent_rows[sent_before]
-        gap = float((current - previous).norm() / previous.norm().clamp(min=1e-30)) \
-            if sent_before.numel() else 0.0
-        flags = torch.zeros(ctx.world_size, dtype=torch.int32, device=x.device)
-        flags[ctx.rank] = int(gap > self.bound)
-        with ctx.stats.timer("comm"):
-            dist.all_reduce(flags, group=ctx.group)
-        ctx.stats.add_bytes("flags", flags.numel() * 4, flags.numel() * 4)
-        if not flags[ctx.rank]:
-            self.max_gap[key] = max(self.max_gap.get(key, 0.0), gap)
-        return flags.bool()
+    # -- the halo exchange: rows -------------------------------------------------------
+
+    def _exchange(self, key: str, state: _History, x: Tensor, plan: HaloPlan) -> Tensor:
+        r"""Refreshes the rows of :obj:`plan` the bound says travel (halo
+        exchange); returns the partition's halo rows the plan receives."""
+        ctx, t, bound = self.ctx, self.iteration, self.bound
+        recv, send = plan.recv_rows(), plan.send_rows()
+        recv_age, send_age = t - state.version[recv], t - state.sent_version[send]
+        recv_fetch, send_fetch = state.version[recv] < 0, state.sent_version[send] < 0
+        if self.kind == "fixed":
+            if state.last_broadcast is None or t - state.last_broadcast > bound:
+                state.last_broadcast = t
+                recv_fetch[:], send_fetch[:] = True, True
+            # A sampled plan may need a row the last broadcast did not carry.
+            recv_fetch |= recv_age > bound
+            send_fetch |= send_age > bound
+        elif self.kind == "age":
+            recv_fetch |= recv_age > bound
+            send_fetch |= send_age > bound
+        else:  # adaptive and the gap bounds: whole owners resend
+            resend = self._owners_resending(key, state, x, send[~send_fetch],
+                                            ctx.data.send_index)
+            recv_fetch |= resend[ctx.data.halo_owner[recv]]
+            send_fetch |= resend[ctx.rank]
+            if self.kind == "adaptive":
+                # A sampled plan may need a row older than the flags allow.
+                recv_fetch |= recv_age > bound + 1
+                send_fetch |= send_age > bound + 1
+        self._refresh(key, state, x, recv[recv_fetch], send[send_fetch], plan)
+        return recv
 
     def _refresh(self, key: str, state: _History, x: Tensor, recv: Tensor, send: Tensor,
                  plan: HaloPlan) -> None:
@@ -169,8 +229,82 @@ class HistoricalCache(HaloCache):
         if state.sent_rows is not None:
             state.sent_rows[send] = x[data.send_index[send]]
 
+    # -- the broadcast exchange: whole blocks ------------------------------------------
+
+    def _active_owners(self, key: str, state: _History, x: Tensor) -> Tensor:
+        r"""Which ranks broadcast their block of this layer now (broadcast
+        exchange): a bool per rank, the same on every rank."""
+        t, bound = self.iteration, self.bound
+        never = state.block_version < 0
+        if self.kind == "fixed":
+            if state.last_broadcast is None or t - state.last_broadcast > bound:
+                state.last_broadcast = t
+                return torch.ones_like(never)
+            return never
+        if self.kind == "age":
+            return never | (t - state.block_version > bound)
+        rows = None if bool(never[self.ctx.rank]) else torch.arange(x.size(0),
+                                                                      device=x.device)
+        return never | self._owners_resending(key, state, x, rows, None)
+
+    def _broadcast(self, key: str, state: _History, x: Tensor, active: Tensor) -> None:
+        r"""The :obj:`active` ranks broadcast their whole block; every rank
+        stamps the halo rows it takes from them with the current iteration."""
+        ctx, t = self.ctx, self.iteration
+        data, rank = ctx.data, ctx.rank
+        sizes, sources = block_sizes(data), active.tolist()
+        blocks = broadcast_blocks(x, sources, sizes, ctx.group, ctx.stats, key, ctx.codec)
+        if self.record:
+            state.log.append((t, [sizes[rank] if sources[rank] and q != rank else 0
+                                  for q in range(ctx.world_size)],
+                              [sizes[q] if q in blocks else 0
+                               for q in range(ctx.world_size)]))
+        halo_of_blocks(blocks, data, state.rows)
+        ranges = halo_ranges(data)
+        for q in blocks:
+            state.version[ranges[q]] = t
+        state.block_version[active] = t
+        if sources[rank]:
+            if state.sent_rows is not None:
+                state.sent_rows.copy_(x)
+        else:
+            ctx.stats.count("bytes_saved", (ctx.world_size - 1) * sizes[rank]
+                            * wire_row_bytes(x, ctx.codec))
+
+    # -- who resends (adaptive, gap bounds) ------------------------------------------
+
+    def _owners_resending(self, key: str, state: _History, x: Tensor,
+                          sent_before: Optional[Tensor], index: Optional[Tensor]) -> Tensor:
+        r"""Which ranks resend this layer, one flag per rank all-reduced:
+        adaptive, the flags the receivers raised at the last iteration
+        (Algorithm 5); the gap bounds, each owner's check of its own rows
+        (:obj:`sent_before`: the positions of its rows sent before, in
+        ``sent_rows``; :obj:`index`: their inner rows, ``None``: the same)."""
+        ctx = self.ctx
+        if self.kind == "adaptive":
+            flags = (state.flags.clone() if state.flags is not None else
+                     torch.zeros(ctx.world_size, dtype=torch.int32, device=x.device))
+        else:
+            gap = 0.0
+            if sent_before is not None and sent_before.numel():
+                rows = sent_before if index is None else index[sent_before]
+                previous = state.sent_rows[sent_before]
+                gap = float((x[rows] - previous).norm())
+                if self.kind == "gap":
+                    gap /= max(float(previous.norm()), 1e-30)
+            flags = torch.zeros(ctx.world_size, dtype=torch.int32, device=x.device)
+            flags[ctx.rank] = int(gap > self.bound)
+            if not flags[ctx.rank]:
+                self.max_gap[key] = max(self.max_gap.get(key, 0.0), gap)
+        with ctx.stats.timer("comm"):
+            dist.all_reduce(flags, group=ctx.group)
+        ctx.stats.add_bytes("flags", flags.numel() * 4, flags.numel() * 4)
+        return flags > 0
+
     def backward(self, key: str, plan: HaloPlan, grad_halo: Tensor) -> Tensor:
         ctx = self.ctx
+        if ctx.exchange == "broadcast":
+            return reduce_blocks(grad_halo, ctx.data, ctx.group, ctx.stats, key, ctx.codec)
         return return_grads(grad_halo, plan, plan.num_inner, ctx.group, ctx.stats, key,
                             ctx.codec)
 
@@ -181,10 +315,18 @@ class HistoricalCache(HaloCache):
         history = {key: {f.name: getattr(h, f.name) for f in fields(h) if f.name != "log"}
                    for key, h in self.history.items()}
         return {**super().state_dict(), "history": history, "max_age": dict(self.max_age),
-                "max_gap": dict(self.max_gap)}
+                "max_gap": dict(self.max_gap), "format": STATE_FORMAT}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         super().load_state_dict(state)
+        if state.get("format", 1) < 2 and self.kind == "adaptive":
+            # Written when 'adaptive:A' was the per-row bound: resume with it.
+            warnings.warn(f"pyg_dist: this checkpoint's bound 'adaptive:{self.bound}' was "
+                          f"written when it meant the per-row bound now called "
+                          f"'age:{self.bound}'; the run resumes with that bound (new runs "
+                          f"with 'adaptive:A' follow the paper's Algorithm 5)",
+                          FutureWarning, stacklevel=2)
+            self.kind = "age"
         self.history = {key: _History(**h) for key, h in state["history"].items()}
         self.max_age, self.max_gap = dict(state["max_age"]), dict(state["max_gap"])
 

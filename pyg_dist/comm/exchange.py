@@ -112,7 +112,7 @@ def return_grads(grad_halo: Tensor, plan: HaloPlan, num_inner: int, group,
     if stats is None:
         grad_send = _exchange(grad_halo, plan.recv_counts, plan.send_counts, group, codec)[0]
     else:
-        with stats.timer("comm"):
+        with stats.timer("comm"), stats.timer("comm_backward"):
             grad_send, row_bytes = _exchange(grad_halo, plan.recv_counts, plan.send_counts,
                                              group, codec)
         stats.add_bytes(key + ".grad", plan.num_recv * row_bytes, plan.num_send * row_bytes)

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from pyg_dist.cache import ExactCache, FeatureCache, HaloCache
 from pyg_dist.comm import HaloPlan, halo_exchange
+from pyg_dist.comm.broadcast import check_exchange
 from pyg_dist.comm.compress import get_codec
 from pyg_dist.comm.exchange import start_halo_exchange
 from pyg_dist.comm.plan import Plans
@@ -30,12 +31,20 @@ class HaloContext:
     with every layer's source rows (samplers that learn from embeddings
     register here). The halo rows come through :attr:`cache` (a
     :class:`~pyg_dist.cache.HaloCache`; exact by default) and, for the
-    input features, :attr:`feature_cache`.
+    input features, :attr:`feature_cache`. :attr:`exchange` says how they
+    travel: ``"halo"`` (each rank sends its peers the rows they need) or
+    ``"broadcast"`` (CAGNET's 1-D whole blocks, :mod:`pyg_dist.comm.broadcast`;
+    exact full-graph plan only).
     """
 
     def __init__(self, data: DistData, group=None, stats: Optional[CommStats] = None,
                  exchange_dtype: str = "fp32", cache: Optional[HaloCache] = None,
-                 feature_cache: Optional[FeatureCache] = None, overlap: bool = False) -> None:
+                 feature_cache: Optional[FeatureCache] = None, overlap: bool = False,
+                 exchange: str = "halo") -> None:
+        check_exchange(exchange)
+        if exchange == "broadcast" and (overlap or feature_cache is not None):
+            raise ValueError("exchange='broadcast' moves whole blocks: it does not combine "
+                             "with overlap or a feature cache (they work on halo rows)")
         world = dist.get_world_size(group) if dist.is_initialized() else 1
         if world != data.num_parts:
             raise RuntimeError(
@@ -68,6 +77,11 @@ class HaloContext:
         self.cache = cache if cache is not None else self.exact_cache
         self.feature_cache = feature_cache
         self.overlap = overlap
+        self.exchange = exchange
+        if exchange not in self.cache.exchanges:
+            raise ValueError(f"{type(self.cache).__name__} does not run on "
+                             f"exchange='{exchange}' (it runs on: "
+                             f"{', '.join(self.cache.exchanges)})")
         for c in (self.exact_cache, self.cache):
             c.attach(self)
         if feature_cache is not None and feature_cache.ctx is None:

@@ -1,5 +1,5 @@
 """``distribute()``: turn a plain PyG model into a partition-parallel one."""
-from typing import List, Optional, Set
+from typing import List, Optional, Set, Union
 
 import torch
 from torch import Tensor
@@ -11,7 +11,7 @@ from pyg_dist.cache import FeatureCache, HaloCache
 from pyg_dist.data import DistData
 from pyg_dist.comm.stats import CommStats
 from pyg_dist.nn.context import HaloContext
-from pyg_dist.nn import gcn_norm
+from pyg_dist.nn import async_layers, gcn_norm
 from pyg_dist.nn.conv import DistChebConv, DistGATConv, DistGATv2Conv, DistGCNConv
 from pyg_dist.nn.norm import NORMS
 from pyg_dist.nn.support import check_model
@@ -37,7 +37,8 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
                stats: Optional[CommStats] = None, precompute_layer0: bool = False,
                exchange_dtype: str = "fp32", cache: Optional[HaloCache] = None,
                feature_cache: Optional[FeatureCache] = None,
-               overlap: bool = False) -> torch.nn.Module:
+               overlap: Union[bool, str] = False,
+               exchange: str = "halo") -> torch.nn.Module:
     r"""Converts every :class:`~torch_geometric.nn.conv.MessagePassing`
     layer of :obj:`model` in place into its partition-parallel version, like
     :meth:`torch.nn.SyncBatchNorm.convert_sync_batchnorm` (parameters,
@@ -97,7 +98,20 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
             they arrive (CM-GCN §III-C; exact, see
             :meth:`~pyg_dist.nn.HaloContext.aggregate`). Applies to layers
             on the fused sparse path (e.g. SAGE, GCN, GIN, GraphConv) under
-            the exact cache; others exchange first as usual.
+            the exact cache; others exchange first as usual. ``"layers"``
+            is the same. ``"nodes"``: CM-GCN's asynchronous computation
+            across layers, forward and backward (no barrier between
+            layers; exact, see :mod:`pyg_dist.nn.async_layers`): for PyG
+            BasicGNN chains of SAGE, GCN, GIN or GraphConv layers under the
+            exact cache, other models refused before any work.
+        exchange: how halo rows travel: ``"halo"`` (each rank sends its
+            peers the rows they need, point to point) or ``"broadcast"``
+            (CAGNET's 1-D algorithm: every rank's whole block of inner rows
+            reaches every other rank, and the gradients return to the owners
+            as whole blocks; see :mod:`pyg_dist.comm.broadcast`). The same
+            result, other bytes; ``"broadcast"`` runs on the exact
+            full-graph plan only and does not combine with :obj:`overlap`,
+            a feature cache or the pipeline cache.
     """
     layers = [(name, m) for name, m in model.named_modules()
               if isinstance(m, MessagePassing)]
@@ -105,8 +119,12 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
         raise ValueError(f"'{type(model).__name__}' contains no MessagePassing "
                          f"layer to distribute")
     check_model(model)
+    async_layers.check_overlap(overlap)
+    if overlap == "nodes":
+        async_layers.check_nodes(model, cache, feature_cache, precompute_layer0, exchange)
     gcn_norm.install()
-    ctx = HaloContext(data, group, stats, exchange_dtype, cache, feature_cache, overlap)
+    ctx = HaloContext(data, group, stats, exchange_dtype, cache, feature_cache, overlap,
+                      exchange)
     for i, (name, module) in enumerate(layers):
         _convert(module, name or type(module).__name__, ctx)
         ctx.layer_index[module._dist_key] = i
@@ -126,6 +144,8 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
             model.register_forward_hook(_end_pass, always_call=True))
     model.comm_stats = ctx.stats
     model.dist_context = ctx
+    if overlap == "nodes" and not hasattr(model, "dist_async"):
+        async_layers.install(model)
     return model
 
 
