@@ -5,7 +5,7 @@ import torch.distributed as dist
 
 import pyg_dist
 from pyg_dist.comm.stats import CommStats
-from tests.dist_workers import linear_loss
+from tests.dist_workers import linear_loss, summed_grads
 from tests.models import MODELS, build_model
 
 
@@ -26,9 +26,7 @@ def both_exchanges(root: str, seed: int = 0):
             loss.backward()
             total = loss.detach().clone()
             dist.all_reduce(total)
-            grads = {k: p.grad.clone() for k, p in model.named_parameters()}
-            for g in grads.values():
-                dist.all_reduce(g)
+            grads = summed_grads(model)
             stats = model.comm_stats
             results[name, exchange] = {"out": out.detach(), "loss": float(total),
                                        "grads": grads, "sent": dict(stats.bytes_sent),
@@ -39,9 +37,7 @@ def both_exchanges(root: str, seed: int = 0):
                                        exchange=exchange, exchange_dtype="bf16")
         out = model(part.x, part.adj_t)
         linear_loss(out, part.n_id[:part.num_inner]).backward()
-        grads = {k: p.grad.clone() for k, p in model.named_parameters()}
-        for g in grads.values():
-            dist.all_reduce(g)
+        grads = summed_grads(model)
         results["bf16", exchange] = {"out": out.detach(), "grads": grads,
                                      "sent": dict(model.comm_stats.bytes_sent)}
     return results

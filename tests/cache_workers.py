@@ -11,6 +11,7 @@ from pyg_dist.cache import FeatureCache, HaloCache, HistoricalCache, PipelineCac
 from pyg_dist.comm import all_to_all, halo_exchange
 from pyg_dist.nn import HaloContext
 from pyg_dist.sampler import build_sampler
+from tests.dist_workers import summed_grads
 
 FEATURES = 5
 
@@ -66,17 +67,6 @@ def pipeline_checks(root: str, tau: int, gamma, sampled: bool, start: str = "syn
 
 def _grads(model: torch.nn.Module) -> dict:
     return {k: p.grad.clone() for k, p in model.named_parameters()}
-
-
-def _summed_grads(model: torch.nn.Module) -> dict:
-    r"""The weight gradients summed over the ranks (what the all-reduce
-    trains with): under a stale cache GCN applies :math:`\Theta` after
-    the exchange, so each rank's share of a gradient differs from the
-    exact model's while their sum is the same."""
-    grads = _grads(model)
-    for grad in grads.values():
-        dist.all_reduce(grad)
-    return grads
 
 
 class _Replayed(torch.autograd.Function):
@@ -156,9 +146,9 @@ def _frozen_checks(part, cls, tau: int, gamma):
         out = pipe(part.x, part.adj_t)
         out.pow(2).sum().backward()
         pipe.dist_context.cache.step()
-        steps.append((t, out.detach(), _summed_grads(pipe)))
+        steps.append((t, out.detach(), summed_grads(pipe)))
     pipe.dist_context.finish()
-    return (out_exact.detach(), _summed_grads(exact)), steps
+    return (out_exact.detach(), summed_grads(exact)), steps
 
 
 def _training_checks(part, cls, tau: int, gamma, iterations: int = 6):
@@ -182,7 +172,7 @@ def _training_checks(part, cls, tau: int, gamma, iterations: int = 6):
                 out = model(part.x, part.adj_t)
                 out.pow(2).mean().backward()
                 cache.step()
-                steps.append((out.detach(), _summed_grads(model)))
+                steps.append((out.detach(), summed_grads(model)))
                 optimizer.step()
             model.dist_context.finish()
         runs.append(steps)
@@ -374,9 +364,7 @@ def cohesive_batch_checks(root: str, batch_of: torch.Tensor, balanced: bool = Fa
             targets = batch.targets[:y.size(0)]  # the batch's rows come first
             n_id = batch.data.n_id[:y.size(0)][targets]
             linear_loss(y[targets], n_id).backward()
-            grads = {k: p.grad.clone() for k, p in model.named_parameters()}
-            for g in grads.values():
-                dist.all_reduce(g)
+            grads = summed_grads(model)
             out[name, batch.index] = {"n_id": n_id, "out": y[targets].detach(),
                                       "grads": grads, "bytes": stats.total_bytes_recv,
                                       "computed": batch.data.n_id[:batch.data.num_inner]}

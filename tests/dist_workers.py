@@ -27,6 +27,15 @@ def linear_loss_magnitude(out: torch.Tensor, n_id: torch.Tensor) -> float:
     return float((out * _loss_weight(n_id, out.size(1))).abs().sum() / 100.0)
 
 
+def summed_grads(model: torch.nn.Module) -> dict:
+    r"""Copies of the weight gradients, summed over the ranks (what the
+    all-reduce trains with)."""
+    grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+    for grad in grads.values():
+        dist.all_reduce(grad)
+    return grads
+
+
 def forward_backward_all(root: str, seed: int):
     r"""Every model of tests/models.py, through edge_index and adj_t: inner
     outputs keyed by original id, the global loss and the summed gradients."""
@@ -42,9 +51,7 @@ def forward_backward_all(root: str, seed: int):
             loss.backward()
             total = loss.detach().clone()
             dist.all_reduce(total)
-            grads = {k: p.grad.clone() for k, p in model.named_parameters()}
-            for g in grads.values():
-                dist.all_reduce(g)
+            grads = summed_grads(model)
             results[name, form] = {"n_id": part.n_id[:part.num_inner],
                                    "out": out.detach(), "loss": float(total),
                                    "grads": grads}
