@@ -38,8 +38,10 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exchange", choices=list(EXCHANGES), default=d.exchange,
                    help="halo: each rank sends its peers the rows they need (default); "
                         "broadcast: every rank's whole block goes to every rank (CAGNET "
-                        "1-D; with --cache historical, SANCUS's skip-broadcast); full "
-                        "loader and sampler only")
+                        "1-D; with --cache historical, SANCUS's skip-broadcast; full "
+                        "loader and sampler only); sequential: one peer's rows at a time, "
+                        "re-fetched in the backward pass (SAR: memory per rank falls with "
+                        "the ranks; full loader, exact cache)")
     p.add_argument("--clip-grad", type=_positive(float, "--clip-grad"), default=None,
                    metavar="TH", help="clip each rank's local gradient to norm sqrt(P)*TH "
                                       "before the all-reduce (SANCUS)")

@@ -182,16 +182,24 @@ class TrainConfig:
 
     def _check_exchange(self) -> None:
         r"""The broadcast exchange moves every rank's whole block on the
-        exact full-graph plan: refused with what it cannot run with."""
+        exact full-graph plan; the sequential one fetches one peer's rows
+        at a time on full-graph plans under the exact cache: each refused
+        with what it cannot run with."""
         check_exchange(self.exchange)
         if self.exchange == "halo":
             return
+        sequential = self.exchange == "sequential"
         refused = [f"{name}={value!r}" for name, value, ok in (
             ("loader", self.loader, self.loader == "full"),
-            ("sampler", self.sampler, self.sampler == "full"),
-            ("cache", self.cache, "broadcast" in CACHES[self.cache].exchanges),
+            ("sampler", self.sampler, self.sampler in (("full", "bns", "dropedge", "bes")
+                                                       if sequential else ("full", ))),
+            ("cache", self.cache, self.exchange in CACHES[self.cache].exchanges),
             ("feature_cache", self.feature_cache, self.feature_cache is None),
             ("overlap", self.overlap, not self.overlap)) if not ok]
+        if refused and sequential:
+            raise ValueError(f"exchange='sequential' aggregates one peer's rows at a time on "
+                             f"full-graph plans under the exact cache (SAR): it does not "
+                             f"combine with {', '.join(refused)} (use exchange='halo')")
         if refused:
             raise ValueError(f"exchange='broadcast' moves every rank's whole block on the "
                              f"exact full-graph plan (CAGNET's 1-D algorithm): it does not "

@@ -87,7 +87,7 @@ class HaloCache:
 class ExactCache(HaloCache):
     r"""Exchanges the rows of the current iteration, synchronously (the
     exact partition-parallel computation)."""
-    exchanges = ("halo", "broadcast")
+    exchanges = ("halo", "broadcast", "sequential")
 
     def fetch(self, key: str, x: Tensor, plan: HaloPlan,
               upcoming: Sequence[HaloPlan] = ()) -> Tensor:

@@ -12,9 +12,9 @@ from torch import Tensor
 from pyg_dist.cache.base import HaloCache
 from pyg_dist.comm import HaloPlan
 from pyg_dist.comm.broadcast import (block_sizes, broadcast_blocks, halo_of_blocks,
-                                     halo_ranges, reduce_blocks, require_full_plan,
-                                     wire_row_bytes)
+                                     halo_ranges, reduce_blocks, require_full_plan)
 from pyg_dist.comm.exchange import exchange_rows, return_grads
+from pyg_dist.comm.p2p import wire_row_bytes
 from pyg_dist.options import Option
 
 BOUNDS = ("fixed", "adaptive", "age", "gap", "gap-abs")

@@ -28,10 +28,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 from pyg_dist.comm.compress import RowCodec
+from pyg_dist.comm.p2p import decode, encode, p2p, wire_row
 from pyg_dist.comm.plan import HaloPlan
 from pyg_dist.comm.stats import CommStats
 
-EXCHANGES = ("halo", "broadcast")
+EXCHANGES = ("halo", "broadcast", "sequential")
 
 
 def check_exchange(name: str) -> None:
@@ -51,42 +52,6 @@ def halo_ranges(data) -> List[slice]:
     return [slice(end - count, end) for end, count in zip(ends, data.recv_counts.tolist())]
 
 
-def _p2p(sends: Dict[int, Tensor], recvs: Dict[int, Tensor], group) -> None:
-    r"""Sends ``sends[q]`` to and receives ``recvs[q]`` from each peer
-    :math:`q` (ranks of :obj:`group`), every receive posted first."""
-    peer = (lambda q: q) if group is None else (lambda q: dist.get_global_rank(group, q))
-    if dist.get_backend(group) == "gloo":
-        works = [dist.irecv(buf, peer(q), group=group) for q, buf in recvs.items()]
-        works += [dist.isend(buf, peer(q), group=group) for q, buf in sends.items()]
-    else:
-        ops = [dist.P2POp(dist.irecv, buf, peer(q), group) for q, buf in recvs.items()]
-        ops += [dist.P2POp(dist.isend, buf, peer(q), group) for q, buf in sends.items()]
-        works = dist.batch_isend_irecv(ops) if ops else []
-    for work in works:
-        work.wait()
-
-
-def _encode(x: Tensor, codec: Optional[RowCodec]) -> Tensor:
-    return x.contiguous() if codec is None else codec.encode(x.flatten(1))
-
-
-def _decode(payload: Tensor, codec: Optional[RowCodec], like: Tensor) -> Tensor:
-    if codec is None:
-        return payload
-    return codec.decode(payload, like.dtype).view((-1, ) + tuple(like.shape[1:]))
-
-
-def _wire_row(x: Tensor, codec: Optional[RowCodec]) -> Tensor:
-    r"""An empty row as it travels (shape and dtype of the payload)."""
-    return _encode(x.new_zeros((1, ) + tuple(x.shape[1:])), codec)
-
-
-def wire_row_bytes(x: Tensor, codec: Optional[RowCodec] = None) -> int:
-    r"""The bytes one row of :obj:`x` takes on the wire."""
-    wire = _wire_row(x, codec)
-    return wire.numel() * wire.element_size()
-
-
 def broadcast_blocks(x: Tensor, sources: Sequence[bool], sizes: Sequence[int], group,
                      stats: Optional[CommStats], key: str,
                      codec: Optional[RowCodec] = None) -> Dict[int, Tensor]:
@@ -95,20 +60,20 @@ def broadcast_blocks(x: Tensor, sources: Sequence[bool], sizes: Sequence[int], g
     by rank (this rank's own is not in it). Without autograd; timed and
     counted (the bytes that travelled) under :obj:`key`."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    wire = _wire_row(x, codec)
+    wire = wire_row(x, codec)
     recvs = {q: wire.new_empty((sizes[q], ) + tuple(wire.shape[1:]))
              for q in range(world) if q != rank and sources[q]}
     sends = {}
     if sources[rank]:
-        payload = _encode(x.detach(), codec)
+        payload = encode(x.detach(), codec)
         sends = {q: payload for q in range(world) if q != rank}
     with stats.timer("comm") if stats is not None else nullcontext():
-        _p2p(sends, recvs, group)
+        p2p(sends, recvs, group)
     if stats is not None:
         row_bytes = wire.numel() * wire.element_size()
         stats.add_bytes(key, len(sends) * sizes[rank] * row_bytes,
                         sum(sizes[q] for q in recvs) * row_bytes)
-    return {q: _decode(buf, codec, x) for q, buf in recvs.items()}
+    return {q: decode(buf, codec, x) for q, buf in recvs.items()}
 
 
 def reduce_blocks(grad_halo: Tensor, data, group, stats: Optional[CommStats], key: str,
@@ -127,21 +92,21 @@ def reduce_blocks(grad_halo: Tensor, data, group, stats: Optional[CommStats], ke
             continue
         dense = grad_halo.new_zeros((sizes[q], ) + shape)
         dense.index_add_(0, remote[ranges[q]], grad_halo[ranges[q]])
-        sends[q] = _encode(dense, codec)
-    wire = _wire_row(grad_halo, codec)
+        sends[q] = encode(dense, codec)
+    wire = wire_row(grad_halo, codec)
     recvs = {q: wire.new_empty((sizes[rank], ) + tuple(wire.shape[1:]))
              for q in range(world) if q != rank}
     if stats is None:
-        _p2p(sends, recvs, group)
+        p2p(sends, recvs, group)
     else:
         with stats.timer("comm"), stats.timer("comm_backward"):
-            _p2p(sends, recvs, group)
+            p2p(sends, recvs, group)
         row_bytes = wire.numel() * wire.element_size()
         stats.add_bytes(key + ".grad", sum(sizes[q] for q in sends) * row_bytes,
                         len(recvs) * sizes[rank] * row_bytes)
     grad = grad_halo.new_zeros((sizes[rank], ) + shape)
     for q in sorted(recvs):  # in rank order: the same sum on every run
-        grad += _decode(recvs[q], codec, grad_halo)
+        grad += decode(recvs[q], codec, grad_halo)
     return grad
 
 

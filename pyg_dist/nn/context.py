@@ -16,6 +16,7 @@ from pyg_dist.comm.exchange import start_halo_exchange
 from pyg_dist.comm.plan import Plans
 from pyg_dist.comm.stats import CommStats
 from pyg_dist.data import DistData
+from pyg_dist.nn.sequential import sequential_aggregate
 
 Observer = Callable[[str, Tensor, HaloPlan], None]
 
@@ -32,9 +33,10 @@ class HaloContext:
     register here). The halo rows come through :attr:`cache` (a
     :class:`~pyg_dist.cache.HaloCache`; exact by default) and, for the
     input features, :attr:`feature_cache`. :attr:`exchange` says how they
-    travel: ``"halo"`` (each rank sends its peers the rows they need) or
+    travel: ``"halo"`` (each rank sends its peers the rows they need),
     ``"broadcast"`` (CAGNET's 1-D whole blocks, :mod:`pyg_dist.comm.broadcast`;
-    exact full-graph plan only).
+    exact full-graph plan only) or ``"sequential"`` (SAR: one peer's rows at
+    a time, never the whole halo; :mod:`pyg_dist.nn.sequential`).
     """
 
     def __init__(self, data: DistData, group=None, stats: Optional[CommStats] = None,
@@ -45,6 +47,10 @@ class HaloContext:
         if exchange == "broadcast" and (overlap or feature_cache is not None):
             raise ValueError("exchange='broadcast' moves whole blocks: it does not combine "
                              "with overlap or a feature cache (they work on halo rows)")
+        if exchange == "sequential" and (overlap or feature_cache is not None):
+            raise ValueError("exchange='sequential' fetches one peer's rows at a time and "
+                             "overlaps the next peer's transfer itself: it does not combine "
+                             "with overlap or a feature cache (they hold the whole halo)")
         world = dist.get_world_size(group) if dist.is_initialized() else 1
         if world != data.num_parts:
             raise RuntimeError(
@@ -234,6 +240,16 @@ class HaloContext:
         while they travel, and the *border* targets after they arrive
         (:meth:`~pyg_dist.comm.HaloPlan.split_rows`): the same result,
         with the exchange hidden behind the interior work."""
+        if self.exchange == "sequential":
+            if not (isinstance(adj, Tensor) and adj.layout == torch.sparse_csr
+                    and adj.size(1) == self.num_src):
+                raise NotImplementedError(f"Layer '{key}': exchange='sequential' aggregates "
+                                          f"the partition's own graph")
+            return sequential_aggregate(
+                self, key, adj, [x], [],
+                lambda piece, rows, _: run(piece.graph, rows[0],
+                                           (piece.num_rows, self.num_inner)),
+                "sum", self.layers[key])
         if not self._overlaps(x, adj):
             return run(adj, self.extend(key, x), (self.num_src, self.num_inner))
         self._check_rows(key, x)

@@ -1,5 +1,5 @@
 """``distribute()``: turn a plain PyG model into a partition-parallel one."""
-from typing import List, Optional, Set, Union
+from typing import Optional, Union
 
 import torch
 from torch import Tensor
@@ -11,9 +11,10 @@ from pyg_dist.cache import FeatureCache, HaloCache
 from pyg_dist.data import DistData
 from pyg_dist.comm.stats import CommStats
 from pyg_dist.nn.context import HaloContext
-from pyg_dist.nn import async_layers, gcn_norm
+from pyg_dist.nn import async_layers, gcn_norm, sequential
 from pyg_dist.nn.conv import DistChebConv, DistGATConv, DistGATv2Conv, DistGCNConv
 from pyg_dist.nn.norm import NORMS
+from pyg_dist.nn.sequential import source_args, target_args
 from pyg_dist.nn.support import check_model
 
 # Layers whose forward does node-count dependent work before propagate get a
@@ -105,13 +106,23 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
             BasicGNN chains of SAGE, GCN, GIN or GraphConv layers under the
             exact cache, other models refused before any work.
         exchange: how halo rows travel: ``"halo"`` (each rank sends its
-            peers the rows they need, point to point) or ``"broadcast"``
+            peers the rows they need, point to point), ``"broadcast"``
             (CAGNET's 1-D algorithm: every rank's whole block of inner rows
             reaches every other rank, and the gradients return to the owners
-            as whole blocks; see :mod:`pyg_dist.comm.broadcast`). The same
-            result, other bytes; ``"broadcast"`` runs on the exact
-            full-graph plan only and does not combine with :obj:`overlap`,
-            a feature cache or the pipeline cache.
+            as whole blocks; see :mod:`pyg_dist.comm.broadcast`) or
+            ``"sequential"`` (SAR: one peer's rows at a time, aggregated
+            into partial aggregates and freed, re-fetched in the backward
+            pass; memory per rank falls with the ranks; see
+            :mod:`pyg_dist.nn.sequential`). The same result, other bytes
+            and memory; ``"broadcast"`` runs on the exact full-graph plan
+            only and does not combine with :obj:`overlap`, a feature cache
+            or the pipeline cache; ``"sequential"`` runs on full-graph
+            plans (a halo sampler's too) under the exact cache, without
+            :obj:`overlap` (it overlaps the next peer's transfer itself) or
+            a feature cache, for the layers of
+            :data:`~pyg_dist.nn.sequential.SEQUENTIAL_CONVS` and layers of
+            the user's own with a sum, mean, max or min aggregation;
+            others are refused before any work.
     """
     layers = [(name, m) for name, m in model.named_modules()
               if isinstance(m, MessagePassing)]
@@ -119,6 +130,8 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
         raise ValueError(f"'{type(model).__name__}' contains no MessagePassing "
                          f"layer to distribute")
     check_model(model)
+    if exchange == "sequential":
+        sequential.check_model(model)
     async_layers.check_overlap(overlap)
     if overlap == "nodes":
         async_layers.check_nodes(model, cache, feature_cache, precompute_layer0, exchange)
@@ -207,6 +220,11 @@ def _convert(module: MessagePassing, name: str, ctx: HaloContext) -> None:
             module.register_message_forward_hook(_message_weight_hook)
             if ctx.overlap:
                 module.propagate = _overlapped_propagate.__get__(module)
+        if ctx.exchange == "sequential" and not isinstance(module, DistGCNConv):
+            # GCN aggregates through HaloContext.aggregate, which takes this path itself.
+            module.propagate = sequential.sequential_propagate.__get__(module)
+            if isinstance(module, SELF_EXCHANGING):  # GAT, GATv2: their edge updates
+                module.edge_updater = sequential.defer_edge_update.__get__(module)
     module._dist_ctx = ctx
     module._dist_key = name
     ctx.layers[name] = module
@@ -270,19 +288,6 @@ def _check_features_only(module: MessagePassing, arg: str, value: Tensor) -> Non
     checked.add(arg)
 
 
-def _source_args(module: MessagePassing) -> List[str]:
-    r"""Arguments of propagate that messages read at the source (``*_j``),
-    in the order of the message signature: every rank exchanges them in
-    the same order (a set's order follows each process's string hashing,
-    so two tensors of one shape could be swapped between ranks)."""
-    return list(dict.fromkeys(arg[:-2] for arg in module._user_args if arg.endswith("_j")))
-
-
-def _target_args(module: MessagePassing) -> Set[str]:
-    r"""Arguments of propagate that messages read at the target (``*_i``)."""
-    return {arg[:-2] for arg in module._user_args if arg.endswith("_i")}
-
-
 def _propagate_pre_hook(module: MessagePassing, inputs):
     r"""Extends every source-side node tensor with the plan's halo rows,
     restricts per-edge arguments (``edge_*``) to the plan's edges and swaps
@@ -292,12 +297,12 @@ def _propagate_pre_hook(module: MessagePassing, inputs):
     edge_index, size, kwargs = inputs
     ctx: HaloContext = module._dist_ctx
     ctx.enter(module._dist_key)
-    sources = _source_args(module)
+    sources = source_args(module)
     # A layer that propagates K times exchanges K times, each under its own key.
     call = getattr(module, "_dist_calls", 0)
     module._dist_calls = call + 1
     suffix = f"#{call}" if call else ""
-    targets = _target_args(module)
+    targets = set(target_args(module))
     for arg in sources:
         value, key = kwargs.get(arg), f"{module._dist_key}.{arg}{suffix}"
         if ctx.active_cache.stale:
@@ -331,7 +336,7 @@ def _overlapped_propagate(module: MessagePassing, edge_index, size=None, **kwarg
     source tensor on the fused path; any other call goes the usual way."""
     ctx: HaloContext = module._dist_ctx
     propagate = type(module).propagate
-    sources = _source_args(module)
+    sources = source_args(module)
     if not (module.fuse and len(sources) == 1 and ctx.is_local_graph(edge_index)
             and all(v is None for k, v in kwargs.items() if k not in sources)):
         return propagate(module, edge_index, size=size, **kwargs)

@@ -11,10 +11,23 @@ def _attend(layer, x: Tensor, edge_index: Adj, edge_attr: Optional[Tensor],
     x_inner)`` over the plan's ``edge_index``."""
     ctx = layer._dist_ctx
     ctx.enter(layer._dist_key)
-    x_src = ctx.extend(layer._dist_key, x)
-    if edge_attr is not None and ctx.is_local_graph(edge_index):
+    local = ctx.is_local_graph(edge_index)
+    if edge_attr is not None and local:
         edge_attr = ctx.plan.edges(edge_attr)
     edge_index = ctx.adjacency(edge_index, fused=False)
+    if ctx.exchange == "sequential":
+        # Each rank transforms its own rows; every piece's sources travel
+        # transformed and its edges are scored by the deferred edge update.
+        if not local or return_attention_weights:
+            raise NotImplementedError(
+                f"Layer '{layer._dist_key}': exchange='sequential' attends over the "
+                f"partition's own graph and returns no attention weights")
+        layer._dist_plan_graph = True
+        try:
+            return super(type(layer), layer).forward(x, edge_index, edge_attr)
+        finally:
+            layer._dist_plan_graph = False
+    x_src = ctx.extend(layer._dist_key, x)
     return super(type(layer), layer).forward(
         (x_src, x), edge_index, edge_attr, return_attention_weights=return_attention_weights)
 
@@ -32,6 +45,11 @@ class DistGATConv(GATConv):
     Under a sampled plan the dropped edges are simply absent and the kept
     ones are *not* rescaled: the softmax renormalises the attention over the
     surviving neighbours, which is GAT's own estimate of the neighbourhood.
+
+    Under ``exchange="sequential"`` the owners transform their rows
+    (:math:`\mathbf{W}\mathbf{x}_j` and its attention term travel) and the
+    softmax is folded over the peers' pieces
+    (:mod:`pyg_dist.nn.sequential`).
     """
 
     def forward(self, x: Tensor, edge_index: Adj, edge_attr: Optional[Tensor] = None,

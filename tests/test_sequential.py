@@ -1,0 +1,126 @@
+"""The sequential exchange (SAR) on real gloo worlds of 2 and 3 ranks:
+every layer it accepts equals single-process PyG (outputs and weight
+gradients over two SGD steps), on METIS and random partitions, through
+``edge_index`` and ``adj_t``; it moves each halo row forward twice (the
+backward re-fetches it) and its gradient once; it composes with a codec
+and a BNS plan; what it cannot compute exactly is refused."""
+import pytest
+import torch
+from torch_geometric.utils import to_torch_csr_tensor
+
+import pyg_dist
+from tests import sequential_workers as workers
+from tests.conftest import small_graph
+from tests.numeric import assert_fp32_close, assert_params_close
+
+
+def _graph():
+    data = small_graph()
+    gen = torch.Generator().manual_seed(5)
+    data.edge_attr = torch.randn(data.num_edges, workers.EDGE_DIM, generator=gen)
+    return data
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return _graph()
+
+
+@pytest.fixture(scope="module")
+def reference(graph):
+    r"""Single-process PyG, per layer and form."""
+    data = graph.clone()
+    data.adj_t = to_torch_csr_tensor(data.edge_index.flip(0), size=(data.num_nodes, ) * 2)
+    n_id = torch.arange(data.num_nodes)
+    return {(name, form): workers.train_steps(workers.build(name, data.num_features), name,
+                                              data.x, data[form], data.edge_attr, n_id)
+            for name in workers.LAYERS for form in workers.forms(name)}
+
+
+def _parts(graph, tmp_path_factory, world: int):
+    roots = []
+    for method in ("metis", "random"):
+        root = str(tmp_path_factory.mktemp(f"seq_{method}{world}"))
+        pyg_dist.partition_graph(graph, world, method=method, root=root)
+        roots.append(root)
+    return roots
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2ranks", "3ranks"])
+def world_results(request, graph, tmp_path_factory):
+    roots = _parts(graph, tmp_path_factory, request.param)
+    return roots, pyg_dist.spawn(workers.every_layer, request.param, (roots, ), timeout=300)
+
+
+def test_every_accepted_layer_matches_pyg(world_results, reference):
+    r"""Outputs and summed gradients of both SGD steps, for every layer of
+    :data:`~pyg_dist.nn.sequential.SEQUENTIAL_CONVS` (SAGE with mean, max
+    and sum, GraphConv with min, GAT with and without edge features)."""
+    roots, ranks = world_results
+    for root in roots:
+        n_id = torch.cat([r[root, "n_id"] for r in ranks])
+        for name in workers.LAYERS:
+            for form in workers.forms(name):
+                for step, (out, grads) in enumerate(reference[name, form]):
+                    got = torch.cat([r[root, name, form][step][0] for r in ranks])
+                    what = f"{name} on {form}, {root.rsplit('/', 1)[-1]}, step {step}"
+                    assert_fp32_close(got, out[n_id], msg=f"{what}: outputs")
+                    assert_params_close(ranks[0][root, name, form][step][1], grads,
+                                        msg=f"{what}: grad")
+
+
+def test_the_accepted_classes_are_the_tested_ones():
+    from pyg_dist.nn.sequential import MESSAGE_PARAMS, SEQUENTIAL_CONVS
+    tested = {name.split("(")[0] for name in workers.LAYERS}
+    assert tested == SEQUENTIAL_CONVS == set(MESSAGE_PARAMS)
+
+
+@pytest.fixture(scope="module")
+def composed(graph, tmp_path_factory):
+    root = _parts(graph, tmp_path_factory, 3)[1]  # random: a large halo
+    return pyg_dist.spawn(workers.bytes_and_composition, 3, (root, ), timeout=120)
+
+
+def test_rows_travel_twice_and_gradients_once(composed):
+    r"""Per layer, the sequential exchange sends the halo exchange's rows in
+    the forward pass and again in the backward (rematerialisation), and
+    the same gradients back; layer 0's input needs no gradient, so its rows
+    are not re-fetched."""
+    for r in composed:
+        halo_sent, halo_recv = composed_bytes(r, "halo")
+        seq_sent, seq_recv = composed_bytes(r, "sequential")
+        assert seq_sent["first.x"] == halo_sent["first.x"]
+        assert seq_recv["first.x"] == halo_recv["first.x"]
+        assert "first.x.refetch" not in seq_sent and "first.x.grad" not in seq_sent
+        for key in ("second.x", "second.x.grad"):
+            assert seq_sent[key] == halo_sent[key] > 0 and seq_recv[key] == halo_recv[key]
+        assert seq_sent["second.x.refetch"] == halo_sent["second.x"]
+
+
+def composed_bytes(result, exchange):
+    return result[exchange, "fp32"][2], result[exchange, "fp32"][3]
+
+
+def test_composes_with_a_codec_and_a_sampler(composed):
+    r"""bf16 rows, and a BNS plan (mean and max aggregation): the same
+    outputs and gradients as the halo exchange given the same rows."""
+    for r in composed:
+        out, grads, sent, _ = r["sequential", "bf16"]
+        assert_fp32_close(out, r["halo", "bf16"][0], msg="bf16 outputs")
+        assert_params_close(grads, r["halo", "bf16"][1], msg="bf16 grads")
+        assert 2 * sent["second.x"] == r["sequential", "fp32"][2]["second.x"]
+        for aggr in ("mean", "max"):
+            (y, g), (y_halo, g_halo) = r["sequential", "bns", aggr], r["halo", "bns", aggr]
+            assert_fp32_close(y, y_halo, msg=f"BNS {aggr} outputs")
+            assert_params_close(g, g_halo, msg=f"BNS {aggr} grads")
+
+
+def test_refused_before_any_work(graph, tmp_path_factory):
+    root = _parts(graph, tmp_path_factory, 2)[0]
+    out = pyg_dist.spawn(workers.refusals, 2, (root, ), timeout=120)[0]
+    assert "PNAConv" in out["PNAConv"][1] and "not among the layers verified" in out["PNAConv"][1]
+    assert out["APPNP"][0] == "NotImplementedError"
+    assert "does not decompose" in out["SAGEConv(std)"][1]
+    assert "does not run on exchange='sequential'" in out["pipeline"][1]
+    for name in ("overlap", "feature_cache"):
+        assert out[name][0] == "ValueError" and "exchange='sequential'" in out[name][1]
