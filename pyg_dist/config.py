@@ -195,7 +195,9 @@ class TrainConfig:
                                                        if sequential else ("full", ))),
             ("cache", self.cache, self.exchange in CACHES[self.cache].exchanges),
             ("feature_cache", self.feature_cache, self.feature_cache is None),
-            ("overlap", self.overlap, not self.overlap)) if not ok]
+            ("overlap", self.overlap, not self.overlap or (sequential
+                                                           and self.overlap != "nodes")),
+        ) if not ok]
         if refused and sequential:
             raise ValueError(f"exchange='sequential' aggregates one peer's rows at a time on "
                              f"full-graph plans under the exact cache (SAR): it does not "

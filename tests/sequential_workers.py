@@ -106,8 +106,9 @@ def every_layer(roots):
 
 def bytes_and_composition(root: str):
     r"""One pass of a 2-layer GraphSAGE under both exchanges (bytes per
-    key), under bf16 rows, and under a BNS plan (against the halo
-    exchange on the same plan)."""
+    key), under bf16 rows, with the next peer's rows fetched ahead
+    (``overlap=True``; GAT and GIN, two steps), and under a BNS plan
+    (against the halo exchange on the same plan)."""
     import pyg_dist
     from pyg_dist.sampler import build_sampler
     from tests.dist_workers import linear_loss
@@ -122,6 +123,11 @@ def bytes_and_composition(root: str):
                                       n_id, dist.all_reduce)[:1]
             out[exchange, dtype] = (y, grads, dict(model.comm_stats.bytes_sent),
                                     dict(model.comm_stats.bytes_recv))
+        for name in ("GATConv", "GINConv"):  # the next peer's rows fetched ahead
+            model = pyg_dist.nn.distribute(build(name, part.num_features), part,
+                                           exchange=exchange, overlap=True)
+            out[exchange, "overlap", name] = train_steps(model, name, part.x, part.edge_index,
+                                                         None, n_id, dist.all_reduce)
         for aggr in ("mean", "max"):
             model = pyg_dist.nn.distribute(build(f"SAGEConv({aggr})", part.num_features),
                                            part, exchange=exchange)
@@ -139,7 +145,7 @@ def bytes_and_composition(root: str):
 def refusals(root: str):
     r"""What the sequential exchange refuses, each before any work."""
     import pyg_dist
-    from torch_geometric.nn import APPNP, PNAConv
+    from torch_geometric.nn import APPNP, GraphSAGE, PNAConv
     from pyg_dist.cache import FeatureCache, PipelineCache
     part = pyg_dist.DistData.load(root, dist.get_rank())
     f = part.num_features
@@ -152,8 +158,8 @@ def refusals(root: str):
                                                          exchange="sequential"),
         "pipeline": lambda: pyg_dist.nn.distribute(SAGEConv(f, 4), part, exchange="sequential",
                                                    cache=PipelineCache(1)),
-        "overlap": lambda: pyg_dist.nn.distribute(SAGEConv(f, 4), part, exchange="sequential",
-                                                  overlap=True),
+        "overlap": lambda: pyg_dist.nn.distribute(GraphSAGE(f, 4, 2), part,
+                                                  exchange="sequential", overlap="nodes"),
         "feature_cache": lambda: pyg_dist.nn.distribute(
             SAGEConv(f, 4), part, exchange="sequential",
             feature_cache=FeatureCache("degree", "10%")),

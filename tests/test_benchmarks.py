@@ -231,3 +231,17 @@ def test_sancus_quick_against_the_broadcast_baseline(tmp_path):
         < runs["CAGNET (broadcast)"]["bytes_sent"]
     assert [line.split(":")[0] for line in saved["targets"]] == ["SCS-E1", "SCS-A1"]
     assert "less communication than CAGNET" in stdout and "< CAGNET" in stdout
+
+
+def test_sequential_quick_memory_against_ranks(tmp_path):
+    r"""benchmarks/sequential.py --quick end to end on a graph whose halo
+    exceeds its interior: both exchanges at 1 and 2 ranks, the table, the
+    target lines, the JSON and the plot."""
+    stdout, saved = _bench(tmp_path, "sequential.py", "--quick")
+    runs = [(r["graph"], r["ranks"], r["exchange"]) for r in saved["results"]]
+    assert runs == [("reddit-shaped:random", 1, "halo"), ("reddit-shaped:random", 2, "halo"),
+                    ("reddit-shaped:random", 2, "sequential")]
+    assert all(r["above_baseline_max"] > 0 and r["epoch_time"] > 0 for r in saved["results"])
+    assert saved["targets"][0].startswith("reddit-shaped:random 2 ranks: sequential")
+    assert "linear ideal" in stdout
+    assert os.path.exists(os.path.splitext(saved["args"]["out"])[0] + ".png")

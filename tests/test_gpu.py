@@ -48,3 +48,10 @@ def test_neighbor_loader_batches_reach_the_gpu(graph, tmp_path):
     config = dataclasses.replace(CONFIG, loader="neighbor", loader_args={
         "fanout": [-1, -1], "batch_size": 10_000, "workers": 1})
     _check(graph, tmp_path, 1, config)
+
+
+@pytest.mark.parametrize("model", ["sage", "gat"])
+def test_sequential_exchange_on_the_gpu(graph, tmp_path, model):
+    r"""The sequential exchange's pieces, folds and recomputation (GAT: the
+    softmax folded over pieces) on CUDA tensors."""
+    _check(graph, tmp_path, 1, dataclasses.replace(CONFIG, model=model, exchange="sequential"))

@@ -11,7 +11,7 @@ from torch_geometric.utils import to_torch_csr_tensor
 import pyg_dist
 from tests import sequential_workers as workers
 from tests.conftest import small_graph
-from tests.numeric import assert_fp32_close, assert_params_close
+from tests.numeric import assert_fp32_close, assert_params_close, assert_scalar_close
 
 
 def _graph():
@@ -101,10 +101,16 @@ def composed_bytes(result, exchange):
     return result[exchange, "fp32"][2], result[exchange, "fp32"][3]
 
 
-def test_composes_with_a_codec_and_a_sampler(composed):
-    r"""bf16 rows, and a BNS plan (mean and max aggregation): the same
-    outputs and gradients as the halo exchange given the same rows."""
+def test_composes_with_a_codec_a_sampler_and_overlap(composed):
+    r"""bf16 rows, a BNS plan (mean and max aggregation) and the next
+    peer's rows fetched ahead (``overlap=True``): the same outputs and
+    gradients as the halo exchange given the same rows."""
     for r in composed:
+        for name in ("GATConv", "GINConv"):
+            for step, (seq, halo) in enumerate(zip(r["sequential", "overlap", name],
+                                                   r["halo", "overlap", name])):
+                assert_fp32_close(seq[0], halo[0], msg=f"{name} overlap step {step}: outputs")
+                assert_params_close(seq[1], halo[1], msg=f"{name} overlap step {step}: grads")
         out, grads, sent, _ = r["sequential", "bf16"]
         assert_fp32_close(out, r["halo", "bf16"][0], msg="bf16 outputs")
         assert_params_close(grads, r["halo", "bf16"][1], msg="bf16 grads")
@@ -122,5 +128,41 @@ def test_refused_before_any_work(graph, tmp_path_factory):
     assert out["APPNP"][0] == "NotImplementedError"
     assert "does not decompose" in out["SAGEConv(std)"][1]
     assert "does not run on exchange='sequential'" in out["pipeline"][1]
-    for name in ("overlap", "feature_cache"):
-        assert out[name][0] == "ValueError" and "exchange='sequential'" in out[name][1]
+    assert out["overlap"][0] == "ValueError" and "runs on exchange='halo'" in out["overlap"][1]
+    assert out["feature_cache"][0] == "ValueError"
+    assert "exchange='sequential'" in out["feature_cache"][1]
+
+
+def test_training_matches_pyg(graph, tmp_path):
+    r"""``train()`` with ``--exchange sequential``: the trained parameters
+    and the final loss equal single-process PyG's (GCN, so its whole-graph
+    normalisation is covered, through the trainer's own loop)."""
+    from pyg_dist.config import TrainConfig
+    from pyg_dist.train import load_model, train_single_process
+    from tests.broadcast_workers import train_rank
+    root, out = str(tmp_path / "parts"), str(tmp_path / "run")
+    pyg_dist.partition_graph(graph, 2, root=root)
+    config = TrainConfig(model="gcn", num_layers=2, hidden=16, dropout=0.0, epochs=4,
+                         progress=False, exchange="sequential")
+    summary = pyg_dist.spawn(train_rank, 2, (root, config, out), timeout=120)[0]
+    reference, ref_model = train_single_process(graph, config)
+    assert_params_close(dict(load_model(out).named_parameters()),
+                        dict(ref_model.named_parameters()), msg="parameter")
+    assert_scalar_close(summary["final_loss"], reference["final_loss"], msg="final loss")
+    assert summary["config"]["exchange"] == "sequential"
+
+
+def test_config_refusals():
+    r"""What the sequential exchange cannot run with is refused when the
+    configuration is validated, before any work."""
+    from pyg_dist.config import TrainConfig
+    for kwargs, word in ((dict(sampler="vr"), "sampler='vr'"),
+                         (dict(loader="cohesive"), "loader='cohesive'"),
+                         (dict(cache="pipeline"), "cache='pipeline'"),
+                         (dict(cache="historical"), "cache='historical'"),
+                         (dict(feature_cache="degree"), "feature_cache='degree'"),
+                         (dict(overlap="nodes"), "overlap='nodes'")):
+        with pytest.raises(ValueError, match=word):
+            TrainConfig(exchange="sequential", **kwargs).validate()
+    for kwargs in (dict(sampler="bns"), dict(overlap=True), dict(exchange_dtype="int8")):
+        TrainConfig(exchange="sequential", **kwargs).validate()

@@ -47,10 +47,11 @@ class HaloContext:
         if exchange == "broadcast" and (overlap or feature_cache is not None):
             raise ValueError("exchange='broadcast' moves whole blocks: it does not combine "
                              "with overlap or a feature cache (they work on halo rows)")
-        if exchange == "sequential" and (overlap or feature_cache is not None):
-            raise ValueError("exchange='sequential' fetches one peer's rows at a time and "
-                             "overlaps the next peer's transfer itself: it does not combine "
-                             "with overlap or a feature cache (they hold the whole halo)")
+        if exchange == "sequential" and (overlap == "nodes" or feature_cache is not None):
+            raise ValueError("exchange='sequential' fetches one peer's rows at a time: it "
+                             "does not combine with overlap='nodes' or a feature cache (they "
+                             "hold the whole halo); overlap=True fetches the next peer's "
+                             "rows while the current ones aggregate")
         world = dist.get_world_size(group) if dist.is_initialized() else 1
         if world != data.num_parts:
             raise RuntimeError(

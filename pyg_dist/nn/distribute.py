@@ -14,7 +14,6 @@ from pyg_dist.nn.context import HaloContext
 from pyg_dist.nn import async_layers, gcn_norm, sequential
 from pyg_dist.nn.conv import DistChebConv, DistGATConv, DistGATv2Conv, DistGCNConv
 from pyg_dist.nn.norm import NORMS
-from pyg_dist.nn.sequential import source_args, target_args
 from pyg_dist.nn.support import check_model
 
 # Layers whose forward does node-count dependent work before propagate get a
@@ -117,9 +116,10 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
             and memory; ``"broadcast"`` runs on the exact full-graph plan
             only and does not combine with :obj:`overlap`, a feature cache
             or the pipeline cache; ``"sequential"`` runs on full-graph
-            plans (a halo sampler's too) under the exact cache, without
-            :obj:`overlap` (it overlaps the next peer's transfer itself) or
-            a feature cache, for the layers of
+            plans (a halo sampler's too) under the exact cache, without a
+            feature cache or ``overlap="nodes"`` (``overlap=True`` fetches
+            the next peer's rows while the current ones aggregate), for
+            the layers of
             :data:`~pyg_dist.nn.sequential.SEQUENTIAL_CONVS` and layers of
             the user's own with a sum, mean, max or min aggregation;
             others are refused before any work.
@@ -297,12 +297,12 @@ def _propagate_pre_hook(module: MessagePassing, inputs):
     edge_index, size, kwargs = inputs
     ctx: HaloContext = module._dist_ctx
     ctx.enter(module._dist_key)
-    sources = source_args(module)
+    sources = sequential.source_args(module)
     # A layer that propagates K times exchanges K times, each under its own key.
     call = getattr(module, "_dist_calls", 0)
     module._dist_calls = call + 1
     suffix = f"#{call}" if call else ""
-    targets = set(target_args(module))
+    targets = set(sequential.target_args(module))
     for arg in sources:
         value, key = kwargs.get(arg), f"{module._dist_key}.{arg}{suffix}"
         if ctx.active_cache.stale:
@@ -336,7 +336,7 @@ def _overlapped_propagate(module: MessagePassing, edge_index, size=None, **kwarg
     source tensor on the fused path; any other call goes the usual way."""
     ctx: HaloContext = module._dist_ctx
     propagate = type(module).propagate
-    sources = source_args(module)
+    sources = sequential.source_args(module)
     if not (module.fuse and len(sources) == 1 and ctx.is_local_graph(edge_index)
             and all(v is None for k, v in kwargs.items() if k not in sources)):
         return propagate(module, edge_index, size=size, **kwargs)

@@ -95,7 +95,7 @@ def check_model(model: torch.nn.Module) -> None:
         cls = type(module)
         name = cls.__name__
         pyg = cls.__module__.startswith("torch_geometric.")
-        if pyg and name not in SEQUENTIAL_CONVS and not name.startswith("Dist"):
+        if pyg and name not in SEQUENTIAL_CONVS:
             refused.append(f"'{path}' ({name}): not among the layers verified under the "
                            f"sequential exchange ({', '.join(sorted(SEQUENTIAL_CONVS))})")
         elif not isinstance(module.aggr, str) or module.aggr not in AGGREGATIONS:
@@ -111,19 +111,16 @@ class Piece(NamedTuple):
     into the inner nodes, their sources numbered from 0 in ``graph`` (a CSR
     ``adj_t`` or an ``edge_index``); ``edge_id`` are their positions in the
     graph they were cut from (``edge_index`` form) and ``count`` the edges
-    into each target."""
+    into each target (``num_edges`` in all)."""
     sources: slice
     graph: Any
     edge_id: Optional[Tensor]
     count: Tensor
+    num_edges: int
 
     @property
     def num_rows(self) -> int:
         return self.sources.stop - self.sources.start
-
-    @property
-    def num_edges(self) -> int:
-        return int(self.count.sum())
 
 
 def cut(graph, num_inner: int, schedule: RingSchedule) -> List[Piece]:
@@ -147,10 +144,10 @@ def cut(graph, num_inner: int, schedule: RingSchedule) -> List[Piece]:
         if graph.layout == torch.sparse_csr:
             crow_k = torch.cat([crow.new_zeros(1), count.cumsum(0)])
             piece = csr_tensor(crow_k, col[keep] - sources.start, value[keep], size)
-            pieces.append(Piece(sources, piece, None, count))
+            pieces.append(Piece(sources, piece, None, count, keep.numel()))
         else:
             piece = torch.stack([col[keep] - sources.start, row[keep]])
-            pieces.append(Piece(sources, piece, keep, count))
+            pieces.append(Piece(sources, piece, keep, count, keep.numel()))
     return pieces
 
 
@@ -231,9 +228,9 @@ class _Fold:
             self.out = self.out * _view_as(old, part) + part * _view_as(new, part)
             self.den = self.den * old + den * new
             self.max = new_max
-        elif self.aggr in ("sum", "mean"):  # no autograd here: added in place
+        elif self.aggr in ("sum", "mean"):  # no autograd here: in place
             if self.aggr == "mean":
-                part = part * _view_as((piece.count / self.degree).to(part.dtype), part)
+                part.mul_(_view_as((piece.count / self.degree).to(part.dtype), part))
             self.out = part if self.out is None else self.out.add_(part)
         else:  # max, min: per channel, over the pieces with an edge into the target
             has = _view_as(piece.count > 0, part)
@@ -264,14 +261,14 @@ class _Fold:
         elif self.attention != (calls == 1):
             raise RuntimeError("a layer called softmax in some pieces only")
 
-    def grads(self, k: int, part: Tensor, softmax: _Softmax, grad: Tensor):
+    def grads(self, k: int, part: Tensor, softmax: _Softmax, grad: Tensor, out: Tensor):
         r"""``(outputs, grad_outputs)`` to differentiate piece :obj:`k`
-        (recomputed) with."""
+        (recomputed) with, given the layer's output :obj:`out`."""
         piece = self.pieces[k]
         if self.attention:
             (_, den), = softmax.calls
             norm = self.den + 1e-16
-            inner = grad * self.out  # summed over the dimensions den does not have
+            inner = grad * out  # summed over the dimensions den does not have
             if inner.dim() > den.dim():
                 inner = inner.flatten(den.dim()).sum(-1)
             return [part, den], [grad / _view_as(norm, grad), -inner / norm]
@@ -296,6 +293,7 @@ class _Spec(NamedTuple):
     num_others: int
     params: List[Tensor]
     module: torch.nn.Module
+    prefetch: bool  # the next round's rows travel while this one computes
 
 
 def _pack(tensors: Sequence[Tensor], index: Tensor) -> Tensor:
@@ -321,88 +319,99 @@ def _start_fetch(spec: _Spec, sources: Sequence[Tensor], k: int, key: str):
                        ctx.codec, ctx.stats, key)
 
 
+def _rounds(spec: _Spec, sources: Sequence[Tensor], key: str) -> Iterator[Tuple[int, list]]:
+    r"""Each round's source rows, in ring order: this rank's own (round 0),
+    then each peer's as it arrives; with :attr:`_Spec.prefetch` the next
+    peer's rows travel while the caller computes on the current ones (one
+    more round of rows held)."""
+    world, ahead = spec.schedule.world, spec.prefetch
+    pending = _start_fetch(spec, sources, 1, key) if ahead and world > 1 else None
+    yield 0, [s.detach() for s in sources]
+    for k in range(1, world):
+        block = (pending if ahead else _start_fetch(spec, sources, k, key)).wait()
+        pending = _start_fetch(spec, sources, k + 1, key) if ahead and k + 1 < world else None
+        yield k, _unpack(block, sources)
+
+
 class _SequentialAggregation(torch.autograd.Function):
     @staticmethod
     def forward(fctx, spec: _Spec, *tensors: Tensor) -> Tensor:
         sources = list(tensors[:spec.num_sources])
         others = list(tensors[spec.num_sources:spec.num_sources + spec.num_others])
         fold = _Fold(spec.aggr, spec.pieces)
-        world = spec.schedule.world
         like = (sources + others)[0]
-        pending = _start_fetch(spec, sources, 1, spec.key) if world > 1 else None
         rng = []  # the generator state of each piece, replayed by the backward
-        for k, piece in enumerate(spec.pieces):
-            rows = sources
-            if k > 0:
-                rows = _unpack(pending.wait(), sources)
-                pending = _start_fetch(spec, sources, k + 1, spec.key) if k + 1 < world \
-                    else None
+        for k, rows in _rounds(spec, sources, spec.key):
             rng.append(_rng_state(like) if spec.module.training else None)
-            if piece.num_edges:
+            if spec.pieces[k].num_edges:
                 softmax = _Softmax()
                 with _patched_softmax(spec.module, softmax):
-                    fold.add(k, spec.run(piece, rows, others), softmax)
+                    fold.add(k, spec.run(spec.pieces[k], rows, others), softmax)
             del rows
+        out = fold.result(like.new_zeros((spec.ctx.num_inner, ) + tuple(like.shape[1:])))
+        # The output is saved as such: held by the context it would form a
+        # cycle (output -> grad_fn -> context -> output) that only the
+        # garbage collector frees, keeping whole iterations alive.
+        fold.out = None
         fctx.spec, fctx.fold, fctx.rng = spec, fold, rng
-        fctx.save_for_backward(*sources, *others)
-        return fold.result(like.new_zeros((spec.ctx.num_inner, ) + tuple(like.shape[1:])))
+        fctx.save_for_backward(*sources, *others, out)
+        return out
 
     @staticmethod
     def backward(fctx, grad: Tensor):
         spec, fold = fctx.spec, fctx.fold
-        saved = fctx.saved_tensors
+        *saved, out = fctx.saved_tensors
         sources, others = list(saved[:spec.num_sources]), list(saved[spec.num_sources:])
         other_leaves = [o.detach().requires_grad_(o.requires_grad) for o in others]
-        source_grads = [torch.zeros_like(s) if s.requires_grad else None for s in sources]
+        source_grads: List[Optional[Tensor]] = [None] * len(sources)
         other_grads: List[Optional[Tensor]] = [None] * len(others)
         param_grads: List[Optional[Tensor]] = [None] * len(spec.params)
-        send_back = any(g is not None for g in source_grads)
-        schedule, world = spec.schedule, spec.schedule.world
-        pending = _start_fetch(spec, sources, 1, spec.key + ".refetch") if world > 1 else None
-        returning = None  # the previous round's gradients on their way to the owner
+        send_back = any(s.requires_grad for s in sources)
+        returning = None  # a round's gradients on their way to their owner
         with torch.random.fork_rng(devices=_rng_devices(grad), enabled=spec.module.training):
-            for k, piece in enumerate(spec.pieces):
-                rows = [s.detach() for s in sources]
-                if k > 0:
-                    rows = _unpack(pending.wait(), sources)
-                    pending = _start_fetch(spec, sources, k + 1, spec.key + ".refetch") \
-                        if k + 1 < world else None
+            for k, rows in _rounds(spec, sources, spec.key + ".refetch"):
+                piece = spec.pieces[k]
                 leaves = [r.requires_grad_(s.requires_grad) for r, s in zip(rows, sources)]
-                row_grads = [torch.zeros_like(r) if s.requires_grad else None
-                             for r, s in zip(rows, sources)]
+                row_grads: List[Optional[Tensor]] = [None] * len(rows)
                 if piece.num_edges:
                     if fctx.rng[k] is not None:
                         _set_rng_state(fctx.rng[k])
                     softmax = _Softmax(fold.max if fold.attention else None)
                     with torch.enable_grad(), _patched_softmax(spec.module, softmax):
                         part = spec.run(piece, leaves, other_leaves)
-                        outputs, grad_outputs = fold.grads(k, part, softmax, grad)
+                        outputs, grad_outputs = fold.grads(k, part, softmax, grad, out)
                         wrt = [t for t in leaves + other_leaves if t.requires_grad] + \
                             spec.params
                         got = list(torch.autograd.grad(outputs, wrt, grad_outputs,
                                                        allow_unused=True)) \
                             if part.requires_grad else [None] * len(wrt)
-                    for i, t in enumerate(leaves):
-                        if t.requires_grad:
-                            g = got.pop(0)
-                            if g is not None:
-                                row_grads[i] = g
+                    row_grads = [got.pop(0) if t.requires_grad else None for t in leaves]
                     for i, t in enumerate(other_leaves):
                         if t.requires_grad:
                             other_grads[i] = _add(other_grads[i], got.pop(0))
                     for i, g in enumerate(got):
                         param_grads[i] = _add(param_grads[i], g)
                 del rows, leaves
-                if k == 0:
-                    source_grads = [_add(s, g) for s, g in zip(source_grads, row_grads)]
+                if k == 0:  # owned from here on (index_add_ below): never the incoming grad
+                    source_grads = [g.clone() if g is not None and _shares(g, grad) else g
+                                    for g in row_grads]
                 elif send_back:
                     if returning is not None:
                         _receive_grads(returning, source_grads, sources)
                     returning = (_return_grads(spec, k, row_grads, sources),
-                                 schedule.send_index(k))
+                                 spec.schedule.send_index(k))
+                    if not spec.prefetch:  # no round's gradients held while computing
+                        _receive_grads(returning, source_grads, sources)
+                        returning = None
             if returning is not None:
                 _receive_grads(returning, source_grads, sources)
+        source_grads = [g if g is not None or not s.requires_grad else torch.zeros_like(s)
+                        for g, s in zip(source_grads, sources)]
         return (None, *source_grads, *other_grads, *param_grads)
+
+
+def _shares(a: Tensor, b: Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def _add(a: Optional[Tensor], b: Optional[Tensor]) -> Optional[Tensor]:
@@ -426,13 +435,17 @@ def _return_grads(spec: _Spec, k: int, row_grads: List[Optional[Tensor]],
 
 def _receive_grads(returning, source_grads: List[Optional[Tensor]],
                    sources: Sequence[Tensor]) -> None:
+    r"""Adds the gradients this rank's rows got from a peer into
+    :obj:`source_grads` (in place)."""
     transfer, index = returning
     block = transfer.wait()
     if block is None:
         return
-    for g, part in zip(source_grads, _unpack(block, sources)):
-        if g is not None:
-            g.index_add_(0, index, part.to(g.dtype))
+    for i, (s, part) in enumerate(zip(sources, _unpack(block, sources))):
+        if s.requires_grad:
+            if source_grads[i] is None:
+                source_grads[i] = torch.zeros_like(s)
+            source_grads[i].index_add_(0, index, part.to(s.dtype))
 
 
 def _rng_devices(like: Tensor) -> List[int]:
@@ -483,7 +496,7 @@ def sequential_aggregate(ctx, key: str, graph, sources: List[Tensor], others: Li
                                   "needs exchange='halo'")
     params = message_params(module) if torch.is_grad_enabled() else []
     spec = _Spec(ctx, key, schedule, pieces, run, aggr, len(sources), len(others), params,
-                 module)
+                 module, bool(ctx.overlap))
     return _SequentialAggregation.apply(spec, *sources, *others, *params)
 
 

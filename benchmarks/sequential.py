@@ -1,0 +1,237 @@
+r"""Memory per rank against the number of ranks: the materialising halo
+exchange against the sequential one (SAR, ``--exchange sequential``).
+
+For each graph of ``--graphs`` and each rank count of ``--ranks``, the
+graph is partitioned (written once) and a 3-layer GraphSAGE (``--hidden``)
+trains ``--epochs`` epochs with ``--exchange halo`` and ``--exchange
+sequential`` (interleaved, on loopback, evaluation in the last epoch
+only), with glibc's mmap threshold pinned so that freed tensors leave the
+resident set (the per-epoch peak RSS follows live memory). Per run: the
+peak memory per rank above ``baseline_mem_bytes`` (interpreter, libraries,
+partition and model), max over ranks and over the training epochs (the
+last, evaluating one included), and the epoch time (mean over the epochs
+after the first, slowest rank). One rank is the single-process reference
+(no exchange: both modes are the same computation).
+
+Graphs:
+
+* ``communities``: the scaling benchmark's graph (communities of 500
+  nodes, mean in-degree 20; ``--communities-nodes``), METIS: a well-cut
+  graph, halo below the interior;
+* ``reddit-shaped``: :func:`~pyg_dist.datasets.regime.reddit_shaped`
+  (``--reddit-nodes``, mean degree 100, 602 features), METIS: every
+  part's halo is about its interior at 2 parts and larger from 4 parts on
+  (BNS-GCN's Reddit regime);
+* ``reddit-shaped:random``: the same graph, parts drawn at random: the
+  halo exceeds the interior at every part count.
+
+The targets, checked at the rank counts where every part's halo is at
+least its interior (at least 0.95 of it: at 2 parts the halo is at most
+the other part, whose size differs from this one's by the imbalance): the sequential peak above baseline per rank is at most
+1.25 × (single-process peak above baseline) / ranks; at the largest rank
+count at most 0.5 × the materialising exchange's; its epoch time at most
+1.5 × the materialising exchange's.
+
+Output: a table (printed, and ``--out`` with ``.md``), the JSON
+(``--out``) and the plot (``--out`` with ``.png``: memory per rank against
+ranks, both exchanges, the linear ideal drawn in).
+
+Usage::
+
+    python benchmarks/sequential.py            # full: ~25 min on 2 cores
+    python benchmarks/sequential.py --quick    # a small random-cut graph, 1 and 2 ranks
+    python benchmarks/sequential.py --report benchmarks/results/sequential.json
+"""
+import argparse
+import json
+import os.path as osp
+import statistics
+import sys
+import time
+from typing import Any, Dict, List
+
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from common import MiB, apply_preset, run, save  # noqa: E402
+from netem import network_for, parse_link  # noqa: E402
+
+import pyg_dist  # noqa: E402
+from pyg_dist.partition import PartitionBook  # noqa: E402
+
+EXCHANGES = ("halo", "sequential")
+LINEAR_SLACK, VS_MATERIALISING, TIME_SLACK = 1.25, 0.5, 1.5
+# A part's halo cannot exceed the other parts' nodes: at 2 parts, "halo at
+# least the interior" holds only up to the split's imbalance.
+HALO_AT_LEAST_INNER = 0.95
+
+
+def make_graph(name: str, args):
+    name = name.split(":")[0]  # graph:method
+    if name == "communities":
+        from pyg_dist.datasets import synthetic_communities
+        return synthetic_communities(num_nodes=args.communities_nodes, avg_degree=20,
+                                     num_communities=max(args.communities_nodes // 500, 2))
+    if name == "reddit-shaped":
+        from pyg_dist.datasets.regime import reddit_shaped
+        return reddit_shaped(num_nodes=args.reddit_nodes)
+    raise ValueError(f"unknown graph '{name}'")
+
+
+def partition(data, name: str, ranks: int, args) -> Dict[str, Any]:
+    graph, _, method = name.partition(":")
+    root = osp.join(args.workdir, f"{graph}_{method or 'metis'}_parts{ranks}")
+    if not osp.exists(osp.join(root, "meta.json")):
+        pyg_dist.partition_graph(data, ranks, method=method or "metis", root=root)
+    stats = PartitionBook.load(root).stats
+    return {"root": root, "halo_ratio_min": min(s["halo_ratio"] for s in stats),
+            "halo_ratio_max": max(s["halo_ratio"] for s in stats)}
+
+
+def one_run(root: str, ranks: int, exchange: str, args) -> Dict[str, Any]:
+    out = osp.join(args.workdir, "runs", f"{osp.basename(root)}-{exchange}")
+    with network_for(ranks, parse_link("loopback")) as net:
+        rows = run(net, root, out, ["--exchange", exchange], args)
+    above = [max(r["peak_mem_per_rank"][i] for r in rows) - rows[-1]["baseline_mem_per_rank"][i]
+             for i in range(ranks)]
+    timed = rows[1:] or rows
+    return {"epoch_time": statistics.fmean(r["time"] for r in timed),
+            "time_comm": statistics.fmean(r["time_comm"] for r in timed),
+            "above_baseline_max": max(above), "above_baseline_per_rank": above,
+            "baseline_mem_max": max(rows[-1]["baseline_mem_per_rank"]),
+            "sent_mib_per_epoch": statistics.fmean(r["bytes_sent"] for r in timed) / MiB,
+            "test_acc": rows[-1]["test_acc"]}
+
+
+def checks(results: List[Dict[str, Any]]) -> List[str]:
+    r"""The targets, at the rank counts where every part's halo is at least
+    its interior."""
+    lines = []
+    for graph in dict.fromkeys(r["graph"] for r in results):
+        rows = [r for r in results if r["graph"] == graph]
+        single = next((r for r in rows if r["ranks"] == 1), None)
+        by = {(r["ranks"], r["exchange"]): r for r in rows}
+        multi = sorted({r["ranks"] for r in rows if r["ranks"] > 1
+                        and (r["ranks"], "sequential") in by
+                        and r["halo_ratio_min"] >= HALO_AT_LEAST_INNER})
+        below = sorted({r["ranks"] for r in rows if r["ranks"] > 1} - set(multi))
+        if below:
+            lines.append(f"{graph} {', '.join(map(str, below))} ranks: halo below the "
+                         f"interior in some part (reported, no target)")
+        if single is None or not multi:
+            continue
+        for ranks in multi:
+            seq, mat = by[ranks, "sequential"], by[ranks, "halo"]
+            bound = LINEAR_SLACK * single["above_baseline_max"] / ranks
+            ratio = seq["epoch_time"] / mat["epoch_time"]
+            lines.append(
+                f"{graph} {ranks} ranks: sequential {seq['above_baseline_max'] / MiB:.0f} MiB "
+                f"<= {bound / MiB:.0f} MiB (1.25 x single / ranks): "
+                f"{'met' if seq['above_baseline_max'] <= bound else 'missed'}; epoch "
+                f"{ratio:.2f}x materialising <= {TIME_SLACK}: "
+                f"{'met' if ratio <= TIME_SLACK else 'missed'}")
+        last = multi[-1]
+        seq, mat = by[last, "sequential"], by[last, "halo"]
+        share = seq["above_baseline_max"] / mat["above_baseline_max"]
+        lines.append(f"{graph} {last} ranks: sequential / materialising memory {share:.2f} "
+                     f"<= {VS_MATERIALISING}: {'met' if share <= VS_MATERIALISING else 'missed'}")
+    return lines
+
+
+def table(results: List[Dict[str, Any]]) -> str:
+    lines = ["| graph | ranks | halo/inner (min-max) | exchange | MiB/rank above baseline "
+             "| linear ideal | s/epoch | halo wait s | MiB sent/epoch | test acc |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        single = next(s for s in results if s["graph"] == r["graph"] and s["ranks"] == 1)
+        lines.append(
+            f"| {r['graph']} | {r['ranks']} | {r['halo_ratio_min']:.2f}-{r['halo_ratio_max']:.2f} "
+            f"| {r['exchange']} | {r['above_baseline_max'] / MiB:.0f} | "
+            f"{single['above_baseline_max'] / MiB / r['ranks']:.0f} | {r['epoch_time']:.2f} | "
+            f"{r['time_comm']:.2f} | {r['sent_mib_per_epoch']:.1f} | {r['test_acc']:.3f} |")
+    return "\n".join(lines)
+
+
+def plot(results: List[Dict[str, Any]], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    graphs = list(dict.fromkeys(r["graph"] for r in results))
+    fig, axes = plt.subplots(1, len(graphs), figsize=(5.5 * len(graphs), 4), squeeze=False)
+    for ax, graph in zip(axes[0], graphs):
+        rows = [r for r in results if r["graph"] == graph]
+        single = next(r for r in rows if r["ranks"] == 1)["above_baseline_max"] / MiB
+        ranks = sorted({r["ranks"] for r in rows})
+        for exchange, style in zip(EXCHANGES, ("o-", "s-")):
+            points = [(r["ranks"], r["above_baseline_max"] / MiB) for r in rows
+                      if r["exchange"] == exchange or r["ranks"] == 1]
+            points = sorted(dict(points).items())
+            label = "materialising (halo)" if exchange == "halo" else "sequential (SAR)"
+            ax.plot(*zip(*points), style, label=label)
+        ax.plot(ranks, [single / k for k in ranks], "k--", label="linear ideal (single / ranks)")
+        ax.plot(ranks, [LINEAR_SLACK * single / k for k in ranks], "k:", lw=0.8,
+                label="1.25 x linear")
+        ax.set(xscale="log", yscale="log", xlabel="ranks",
+               ylabel="peak memory per rank above baseline (MiB)", title=graph)
+        ax.set_xticks(ranks, [str(k) for k in ranks])
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="a small boundary-heavy graph, 1 and 2 ranks")
+    parser.add_argument("--graphs", nargs="+", default=None)
+    parser.add_argument("--ranks", type=int, nargs="+", default=None)
+    parser.add_argument("--communities-nodes", type=int, default=None)
+    parser.add_argument("--reddit-nodes", type=int, default=None)
+    parser.add_argument("--hidden", type=int, default=None)
+    parser.add_argument("--epochs", type=int, default=None)
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--report", metavar="JSON", default=None,
+                        help="redraw the table, targets and plot of a saved run")
+    args = parser.parse_args()
+    if args.report:
+        with open(args.report) as f:
+            report(json.load(f)["results"], args.report)
+        return
+    apply_preset(args, dict(graphs=["reddit-shaped:random"], ranks=[1, 2],
+                            communities_nodes=4000, reddit_nodes=2000, hidden=16, epochs=2),
+                 dict(graphs=["communities", "reddit-shaped", "reddit-shaped:random"],
+                      ranks=[1, 2, 4, 8],
+                      communities_nodes=200_000, reddit_nodes=40_000, hidden=64, epochs=4),
+                 "sequential")
+    args.pin_malloc = True
+    started, results = time.time(), []
+    for graph in args.graphs:
+        data = make_graph(graph, args)
+        for ranks in args.ranks:
+            parts = partition(data, graph, ranks, args)
+            for exchange in EXCHANGES[:1] if ranks == 1 else EXCHANGES:
+                one = one_run(parts["root"], ranks, exchange, args)
+                results.append({"graph": graph, "ranks": ranks, "exchange": exchange,
+                                **{k: v for k, v in parts.items() if k != "root"}, **one})
+                print(f"  {graph} {ranks} ranks {exchange}: "
+                      f"{one['above_baseline_max'] / MiB:.0f} MiB/rank above baseline, "
+                      f"{one['epoch_time']:.2f} s/epoch", flush=True)
+                save(args, results, started, checks(results))
+        del data
+    report(results, args.out)
+    save(args, results, started, checks(results))
+    print(f"wrote {args.out} (.md, .png)")
+
+
+def report(results: List[Dict[str, Any]], out: str) -> None:
+    r"""Prints the table and the targets, and writes them (``.md``) and the
+    plot (``.png``) beside :obj:`out`."""
+    text = table(results) + "\n\n" + "\n".join(checks(results))
+    print(text)
+    with open(osp.splitext(out)[0] + ".md", "w") as f:
+        f.write(text + "\n")
+    plot(results, osp.splitext(out)[0] + ".png")
+
+
+if __name__ == "__main__":
+    main()
