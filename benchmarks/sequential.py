@@ -172,6 +172,7 @@ def plot(results: List[Dict[str, Any]], path: str) -> None:
         ax.set(xscale="log", yscale="log", xlabel="ranks",
                ylabel="peak memory per rank above baseline (MiB)", title=graph)
         ax.set_xticks(ranks, [str(k) for k in ranks])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
