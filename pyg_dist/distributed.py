@@ -214,9 +214,23 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def dumps(obj: Any, what: str) -> bytes:
+    r""":obj:`obj` serialised for another process, functions and classes
+    defined in a notebook cell or in ``__main__`` (lambdas and closures
+    too) by value (cloudpickle); a clear error names what could not be."""
+    import cloudpickle
+    try:
+        return cloudpickle.dumps(obj)
+    except Exception as e:  # noqa: BLE001 - any pickling failure means the same
+        raise TypeError(
+            f"pyg_dist cannot send {what} to the ranks: {type(e).__name__}: {e}. Pass "
+            f"only objects that can be pickled (tensors, numbers, paths, functions; not "
+            f"open files, locks or process groups), or define the function in a module "
+            f"and import it") from e
+
+
 def _worker(rank: int, world_size: int, port: int, backend: str, timeout: float,
-            threads: Optional[int], fn: Callable, args: Sequence, results,
-            parent_pid: int) -> None:
+            threads: Optional[int], call: bytes, results, parent_pid: int) -> None:
     die_with_parent(parent_pid)
     stop_on_sigterm()
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
@@ -225,8 +239,9 @@ def _worker(rank: int, world_size: int, port: int, backend: str, timeout: float,
         torch.set_num_threads(threads)
     try:
         init(backend, f"tcp://127.0.0.1:{port}", rank, world_size, timeout)
+        fn, args = pickle.loads(call)
         out = fn(*args)
-        results.put((rank, True, pickle.dumps(out)))
+        results.put((rank, True, dumps(out, f"rank {rank}'s return value")))
     except BaseException as e:  # report every failure to the parent
         named = name_lost_ranks(e)
         results.put((rank, False, f"{type(named).__name__}: {named}\n"
@@ -284,8 +299,10 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
     r"""Runs ``fn(*args)`` in :obj:`nprocs` fresh processes joined in a
     process group and returns their return values in rank order.
 
-    Works from scripts, tests and notebooks (:obj:`fn` must be importable,
-    i.e. defined in a module, not in ``__main__`` of a notebook). If a rank
+    Works from scripts, tests and notebooks: :obj:`fn` and :obj:`args` may
+    be defined in a notebook cell or a script's ``__main__`` (functions,
+    lambdas, closures, classes: they travel by value, with cloudpickle; a
+    module's functions travel by name). If a rank
     fails or dies, the others get :obj:`timeout` seconds to fail on their
     own collectives before being terminated, and a :class:`RuntimeError`
     reports every rank's fate; a rank stopped (SIGSTOP) for more than
@@ -296,12 +313,13 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
     :obj:`join_timeout` bounds the whole run.
     :obj:`threads` sets each rank's intra-op threads (default: :func:`rank_threads`).
     """
+    call = dumps((fn, tuple(args)), f"'{getattr(fn, '__qualname__', fn)}' and its arguments")
     ctx = torch.multiprocessing.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
     threads = threads or rank_threads(nprocs)
     procs = [ctx.Process(target=_worker, daemon=True,
-                         args=(r, nprocs, port, backend, timeout, threads, fn, args,
+                         args=(r, nprocs, port, backend, timeout, threads, call,
                                results, os.getpid())) for r in range(nprocs)]
     for p in procs:
         p.start()

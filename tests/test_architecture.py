@@ -21,7 +21,7 @@ LAYERS = [
     {"loader"},
     {"metrics", "config", "checkpoint", "inference", "plots"},
     {"train", "launch"},
-    {"cli", "demo"},
+    {"cli", "demo", "notebook"},
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 ROOT = osp.dirname(pyg_dist.__file__)
