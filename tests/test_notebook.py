@@ -138,6 +138,8 @@ def test_ranks_magic_prints_each_rank_under_its_label(capsys):
         out = capsys.readouterr().out
         assert "[rank 0]\nx is 0" in out and "[rank 1]\nx is 10" in out
         assert "[rank 0]\nx again 1" in out and "[rank 1]\nx again 11" in out
+        shell.run_cell_magic("ranks", "", "from tqdm import tqdm\nfor _ in tqdm(range(3)): pass")
+        assert out.count("3/3") == 0 and capsys.readouterr().out.count("3/3 [") == 2  # bars
         shell.user_ns["mine"] = ranks
         shell.run_cell_magic("ranks", "mine", "import pyg_dist\nprint(pyg_dist.__name__)")
         assert "[rank 1]\npyg_dist" in capsys.readouterr().out
