@@ -102,7 +102,8 @@ def composed_bytes(result, exchange):
 
 
 def test_composes_with_a_codec_a_sampler_and_overlap(composed):
-    r"""bf16 rows, a BNS plan (mean and max aggregation) and the next
+    r"""bf16 rows, a BNS plan (mean and max aggregation; p = 0, where no
+    peer sends anything) and the next
     peer's rows fetched ahead (``overlap=True``): the same outputs and
     gradients as the halo exchange given the same rows."""
     for r in composed:
@@ -115,10 +116,11 @@ def test_composes_with_a_codec_a_sampler_and_overlap(composed):
         assert_fp32_close(out, r["halo", "bf16"][0], msg="bf16 outputs")
         assert_params_close(grads, r["halo", "bf16"][1], msg="bf16 grads")
         assert 2 * sent["second.x"] == r["sequential", "fp32"][2]["second.x"]
-        for aggr in ("mean", "max"):
-            (y, g), (y_halo, g_halo) = r["sequential", "bns", aggr], r["halo", "bns", aggr]
-            assert_fp32_close(y, y_halo, msg=f"BNS {aggr} outputs")
-            assert_params_close(g, g_halo, msg=f"BNS {aggr} grads")
+        for aggr, p in (("mean", 0.5), ("max", 0.5), ("mean", 0.0)):
+            (y, g) = r["sequential", "bns", aggr, p]
+            (y_halo, g_halo) = r["halo", "bns", aggr, p]
+            assert_fp32_close(y, y_halo, msg=f"BNS p={p} {aggr} outputs")
+            assert_params_close(g, g_halo, msg=f"BNS p={p} {aggr} grads")
 
 
 def test_refused_before_any_work(graph, tmp_path_factory):

@@ -330,7 +330,10 @@ def _rounds(spec: _Spec, sources: Sequence[Tensor], key: str) -> Iterator[Tuple[
     for k in range(1, world):
         block = (pending if ahead else _start_fetch(spec, sources, k, key)).wait()
         pending = _start_fetch(spec, sources, k + 1, key) if ahead and k + 1 < world else None
-        yield k, _unpack(block, sources)
+        if block is None:  # this peer owns none of the plan's halo rows
+            yield k, [s.new_empty((0, ) + tuple(s.shape[1:])) for s in sources]
+        else:
+            yield k, _unpack(block, sources)
 
 
 class _SequentialAggregation(torch.autograd.Function):
@@ -487,8 +490,6 @@ def sequential_aggregate(ctx, key: str, graph, sources: List[Tensor], others: Li
         pieces = cut(graph, plan.num_inner, schedule)
         if persistent:
             plan.cache[("pieces", id(graph))] = (graph, pieces)
-    if plan.skip_exchange:
-        raise NotImplementedError("exchange='sequential' with a plan that skips the exchange")
     ctx.stats.count("sequential_layers", 1)
     if ctx.observers:
         raise NotImplementedError("exchange='sequential' never holds a layer's halo rows "
