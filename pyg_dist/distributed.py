@@ -229,8 +229,15 @@ def dumps(obj: Any, what: str) -> bytes:
             f"and import it") from e
 
 
+class _ByValue:
+    r"""Arguments cloudpickled in the parent (see :func:`spawn`)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
 def _worker(rank: int, world_size: int, port: int, backend: str, timeout: float,
-            threads: Optional[int], call: bytes, results, parent_pid: int) -> None:
+            threads: Optional[int], call: bytes, args, results, parent_pid: int) -> None:
     die_with_parent(parent_pid)
     stop_on_sigterm()
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
@@ -239,8 +246,8 @@ def _worker(rank: int, world_size: int, port: int, backend: str, timeout: float,
         torch.set_num_threads(threads)
     try:
         init(backend, f"tcp://127.0.0.1:{port}", rank, world_size, timeout)
-        fn, args = pickle.loads(call)
-        out = fn(*args)
+        fn = pickle.loads(call)
+        out = fn(*(pickle.loads(args.data) if isinstance(args, _ByValue) else args))
         results.put((rank, True, dumps(out, f"rank {rank}'s return value")))
     except BaseException as e:  # report every failure to the parent
         named = name_lost_ranks(e)
@@ -313,16 +320,29 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
     :obj:`join_timeout` bounds the whole run.
     :obj:`threads` sets each rank's intra-op threads (default: :func:`rank_threads`).
     """
-    call = dumps((fn, tuple(args)), f"'{getattr(fn, '__qualname__', fn)}' and its arguments")
+    call = dumps(fn, f"'{getattr(fn, '__qualname__', fn)}'")
     ctx = torch.multiprocessing.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
     threads = threads or rank_threads(nprocs)
-    procs = [ctx.Process(target=_worker, daemon=True,
-                         args=(r, nprocs, port, backend, timeout, threads, call,
-                               results, os.getpid())) for r in range(nprocs)]
-    for p in procs:
-        p.start()
+    # The arguments travel as multiprocessing sends them (tensors through
+    # shared memory, not copied per rank), unless the caller is a notebook,
+    # whose cell-defined objects only travel by value, or they cannot be
+    # pickled by reference (a lambda): then cloudpickled, copied per rank.
+    interactive = not hasattr(sys.modules.get("__main__"), "__file__")
+    for payload in ((None, ) if interactive else (tuple(args), None)):
+        if payload is None:
+            payload = _ByValue(dumps(tuple(args), "the arguments"))
+        procs = [ctx.Process(target=_worker, daemon=True,
+                             args=(r, nprocs, port, backend, timeout, threads, call, payload,
+                                   results, os.getpid())) for r in range(nprocs)]
+        try:
+            for p in procs:
+                p.start()
+            break
+        except (pickle.PicklingError, AttributeError, TypeError):
+            if any(p.pid is not None for p in procs) or isinstance(payload, _ByValue):
+                raise  # a rank started: not a failure to pickle the arguments
     outcome: dict = {}
     stopping = _ForwardedStop(procs)
     deadline = None if join_timeout is None else time.monotonic() + join_timeout

@@ -22,7 +22,9 @@ by value (see :func:`pyg_dist.spawn`). What a rank prints (progress bars
 included) comes back under its rank's label. An exception on a rank is
 raised here as a :class:`RankError` with every failed rank's traceback;
 the group stays up when every other rank answered, and is stopped when
-one is left waiting in a collective (the error says which). :meth:`Ranks.stop`,
+one has not answered :data:`ANSWER_GRACE` seconds after the failure (as a
+rank waiting for the failed one in a collective would not; the error says
+which). Arguments of :meth:`Ranks.run` are copied to every rank. :meth:`Ranks.stop`,
 an interrupt (the stop button) and the kernel's end, however it ends, leave no
 rank behind.
 """
@@ -62,7 +64,8 @@ class RankError(RuntimeError):
     def __init__(self, tracebacks: Dict[int, str], usable: bool) -> None:
         self.tracebacks, self.usable = tracebacks, usable
         fate = ("the other ranks answered: the group is still up" if usable else
-                "the group was stopped (a rank was left waiting on the failed ones); "
+                "the group was stopped: a rank had not answered "
+                f"{ANSWER_GRACE:g} s after the failure (waiting on the failed ones?); "
                 "start a new one with pyg_dist.notebook.start()")
         super().__init__("\n".join(f"rank {r}:\n{tb.rstrip()}"
                                    for r, tb in sorted(tracebacks.items())) + f"\n({fate})")
@@ -172,7 +175,8 @@ class Ranks:
             usable = len(answers) == self.nprocs
             if not usable:
                 self.stop(now=True)
-                failed.update({r: "did not answer (waiting on the failed ranks): stopped"
+                failed.update({r: f"did not answer within {ANSWER_GRACE:g} s of the failure "
+                                  f"(waiting on the failed ranks?): stopped"
                                for r in range(self.nprocs) if r not in answers})
             raise RankError(failed, usable)
         return [pickle.loads(answers[r][1]) for r in range(self.nprocs)]

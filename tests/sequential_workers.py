@@ -145,7 +145,7 @@ def bytes_and_composition(root: str):
 def refusals(root: str):
     r"""What the sequential exchange refuses, each before any work."""
     import pyg_dist
-    from torch_geometric.nn import APPNP, GraphSAGE, PNAConv
+    from torch_geometric.nn import APPNP, GraphSAGE, MessagePassing, PNAConv
     from pyg_dist.cache import FeatureCache, PipelineCache
     part = pyg_dist.DistData.load(root, dist.get_rank())
     f = part.num_features
@@ -164,6 +164,17 @@ def refusals(root: str):
             SAGEConv(f, 4), part, exchange="sequential",
             feature_cache=FeatureCache("degree", "10%")),
     }
+    class Biased(MessagePassing):  # a user's layer whose update must run once
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=x)
+
+        def update(self, aggr_out):
+            return aggr_out + 1
+
+    attempts["Biased"] = lambda: pyg_dist.nn.distribute(Biased(), part, exchange="sequential")
+    attention = pyg_dist.nn.distribute(TransformerConv(f, 4), part, exchange="sequential")
+    attempts["attention weights"] = lambda: attention(part.x, part.edge_index,
+                                                      return_attention_weights=True)
     out = {}
     for name, attempt in attempts.items():
         try:

@@ -124,12 +124,18 @@ def test_composes_with_a_codec_a_sampler_and_overlap(composed):
 
 
 def test_refused_before_any_work(graph, tmp_path_factory):
+    r"""Layers whose aggregation does not decompose or that are not verified,
+    a user's layer whose update would run once per piece, attention weights
+    (no piece holds a whole neighbourhood), stale caches, overlap='nodes'
+    and the feature cache: each refused with its reason."""
     root = _parts(graph, tmp_path_factory, 2)[0]
     out = pyg_dist.spawn(workers.refusals, 2, (root, ), timeout=120)[0]
     assert "PNAConv" in out["PNAConv"][1] and "not among the layers verified" in out["PNAConv"][1]
     assert out["APPNP"][0] == "NotImplementedError"
     assert "does not decompose" in out["SAGEConv(std)"][1]
     assert "does not run on exchange='sequential'" in out["pipeline"][1]
+    assert "overrides update or aggregate" in out["Biased"][1]
+    assert "returns no attention weights" in out["attention weights"][1]
     assert out["overlap"][0] == "ValueError" and "runs on exchange='halo'" in out["overlap"][1]
     assert out["feature_cache"][0] == "ValueError"
     assert "exchange='sequential'" in out["feature_cache"][1]

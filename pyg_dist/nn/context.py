@@ -243,9 +243,11 @@ class HaloContext:
         with the exchange hidden behind the interior work."""
         if self.exchange == "sequential":
             if not (isinstance(adj, Tensor) and adj.layout == torch.sparse_csr
-                    and adj.size(1) == self.num_src):
-                raise NotImplementedError(f"Layer '{key}': exchange='sequential' aggregates "
-                                          f"the partition's own graph")
+                    and adj.size(1) == self.num_src and not adj.requires_grad):
+                raise NotImplementedError(
+                    f"Layer '{key}': exchange='sequential' runs GCNConv on the partition's "
+                    f"own graph through its normalised CSR (normalize=True), with edge "
+                    f"weights that need no gradient; use exchange='halo' for this layer")
             return sequential_aggregate(
                 self, key, adj, [x], [],
                 lambda piece, rows, _: run(piece.graph, rows[0],

@@ -1,4 +1,5 @@
 """``distribute()``: turn a plain PyG model into a partition-parallel one."""
+import inspect
 from typing import Optional, Union
 
 import torch
@@ -225,6 +226,9 @@ def _convert(module: MessagePassing, name: str, ctx: HaloContext) -> None:
             module.propagate = sequential.sequential_propagate.__get__(module)
             if isinstance(module, SELF_EXCHANGING):  # GAT, GATv2: their edge updates
                 module.edge_updater = sequential.defer_edge_update.__get__(module)
+            if "return_attention_weights" in inspect.signature(module.forward).parameters:
+                module.register_forward_pre_hook(sequential.refuse_attention_weights,
+                                                 with_kwargs=True)
     module._dist_ctx = ctx
     module._dist_key = name
     ctx.layers[name] = module

@@ -43,8 +43,10 @@ exact cache, sampled ones included (a sampler's plan has fewer rows per
 peer); layers are refused before any work unless their aggregation
 decomposes (see :data:`SEQUENTIAL_CONVS`).
 """
+import inspect
 import math
 import sys
+import weakref
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -77,10 +79,14 @@ MESSAGE_PARAMS: Dict[str, Tuple[str, ...]] = {
 
 
 def message_params(module: torch.nn.Module) -> List[Tensor]:
-    r"""The trainable parameters :obj:`module`'s propagate reads."""
-    names = next((MESSAGE_PARAMS[c.__name__] for c in type(module).__mro__
-                  if c.__module__.startswith("torch_geometric.")
-                  and c.__name__ in MESSAGE_PARAMS), None)
+    r"""The trainable parameters :obj:`module`'s propagate reads (all of
+    them for a class not in :data:`MESSAGE_PARAMS`, a user's subclass of one
+    included)."""
+    cls = type(module)
+    if cls.__module__.startswith("pyg_dist."):  # DistGATConv & co: their PyG class
+        cls = cls.__mro__[1]
+    names = MESSAGE_PARAMS.get(cls.__name__) if cls.__module__.startswith(
+        "torch_geometric.") else None
     return [p for name, p in module.named_parameters() if p.requires_grad
             and (names is None or name.split(".")[0] in names)]
 
@@ -101,6 +107,10 @@ def check_model(model: torch.nn.Module) -> None:
         elif not isinstance(module.aggr, str) or module.aggr not in AGGREGATIONS:
             refused.append(f"'{path}' ({name}): its aggregation {module.aggr!r} does not "
                            f"decompose over peers (supported: sum, mean, max, min)")
+        elif cls.update is not MessagePassing.update \
+                or cls.aggregate is not MessagePassing.aggregate:
+            refused.append(f"'{path}' ({name}): it overrides update or aggregate, which "
+                           f"would run once per peer's piece instead of once")
     if refused:
         raise NotImplementedError("exchange='sequential' cannot compute these layers "
                                   "exactly (use exchange='halo'):\n  " + "\n  ".join(refused))
@@ -357,6 +367,7 @@ class _SequentialAggregation(torch.autograd.Function):
         # garbage collector frees, keeping whole iterations alive.
         fold.out = None
         fctx.spec, fctx.fold, fctx.rng = spec, fold, rng
+        fctx.autocast = _autocast_state(like)
         fctx.save_for_backward(*sources, *others, out)
         return out
 
@@ -371,7 +382,8 @@ class _SequentialAggregation(torch.autograd.Function):
         param_grads: List[Optional[Tensor]] = [None] * len(spec.params)
         send_back = any(s.requires_grad for s in sources)
         returning = None  # a round's gradients on their way to their owner
-        with torch.random.fork_rng(devices=_rng_devices(grad), enabled=spec.module.training):
+        replay = any(state is not None for state in fctx.rng)
+        with torch.random.fork_rng(devices=_rng_devices(grad), enabled=replay):
             for k, rows in _rounds(spec, sources, spec.key + ".refetch"):
                 piece = spec.pieces[k]
                 leaves = [r.requires_grad_(s.requires_grad) for r, s in zip(rows, sources)]
@@ -380,14 +392,17 @@ class _SequentialAggregation(torch.autograd.Function):
                     if fctx.rng[k] is not None:
                         _set_rng_state(fctx.rng[k])
                     softmax = _Softmax(fold.max if fold.attention else None)
-                    with torch.enable_grad(), _patched_softmax(spec.module, softmax):
+                    with torch.enable_grad(), _patched_softmax(spec.module, softmax), \
+                            torch.autocast(**fctx.autocast):  # as the forward ran
                         part = spec.run(piece, leaves, other_leaves)
                         outputs, grad_outputs = fold.grads(k, part, softmax, grad, out)
+                        pairs = [(o, g) for o, g in zip(outputs, grad_outputs)
+                                 if o.requires_grad]
                         wrt = [t for t in leaves + other_leaves if t.requires_grad] + \
                             spec.params
-                        got = list(torch.autograd.grad(outputs, wrt, grad_outputs,
-                                                       allow_unused=True)) \
-                            if part.requires_grad else [None] * len(wrt)
+                        got = list(torch.autograd.grad(
+                            [o for o, _ in pairs], wrt, [g for _, g in pairs],
+                            allow_unused=True)) if pairs else [None] * len(wrt)
                     row_grads = [got.pop(0) if t.requires_grad else None for t in leaves]
                     for i, t in enumerate(other_leaves):
                         if t.requires_grad:
@@ -451,6 +466,13 @@ def _receive_grads(returning, source_grads: List[Optional[Tensor]],
             source_grads[i].index_add_(0, index, part.to(s.dtype))
 
 
+def _autocast_state(like: Tensor) -> Dict[str, Any]:
+    r"""The autocast setting the forward runs under (for its recomputation)."""
+    device = like.device.type
+    return {"device_type": device, "enabled": torch.is_autocast_enabled(device),
+            "dtype": torch.get_autocast_dtype(device)}
+
+
 def _rng_devices(like: Tensor) -> List[int]:
     return [like.device.index or 0] if like.is_cuda else []
 
@@ -468,28 +490,28 @@ def _set_rng_state(state) -> None:
 
 
 def sequential_aggregate(ctx, key: str, graph, sources: List[Tensor], others: List[Tensor],
-                         run: Run, aggr: str, module: torch.nn.Module,
-                         persistent: bool = True) -> Tensor:
+                         run: Run, aggr: str, module: torch.nn.Module) -> Tensor:
     r"""The layer's aggregation over :obj:`graph` (the current plan's, in
     its source ids) computed piece by piece: :obj:`run` ``(piece, rows,
     others)`` aggregates one piece given its rows of each of
     :obj:`sources` (inner rows) and the :obj:`others` tensors it reads
     (target rows, per-edge tensors; gradients flow to them and to the
-    module's parameters). :obj:`persistent`: :obj:`graph` is the plan's
-    own, and its pieces are kept with the plan."""
+    module's parameters)."""
     plan = ctx.plan
     if plan.data is not ctx.data or plan.trim_input:
         raise NotImplementedError("exchange='sequential' runs on full-graph plans (the "
                                   "full-graph loader, with or without a halo sampler)")
     world = dist.get_world_size(ctx.group) if dist.is_initialized() else 1
     schedule = RingSchedule.of(plan, ctx.rank if world > 1 else 0, world)
-    hit = plan.cache.get(("pieces", id(graph))) if persistent else None
-    if hit is not None and hit[0] is graph:
+    # Kept on the graph, so they live as long as it does (a plan's adjacency
+    # for the plan's lifetime, a per-call graph for the call); the plan is
+    # held weakly: a plan's cache holds its graphs.
+    hit = getattr(graph, "_dist_pieces", None)
+    if hit is not None and hit[0]() is plan:
         pieces = hit[1]
     else:
         pieces = cut(graph, plan.num_inner, schedule)
-        if persistent:
-            plan.cache[("pieces", id(graph))] = (graph, pieces)
+        graph._dist_pieces = (weakref.ref(plan), pieces)
     ctx.stats.count("sequential_layers", 1)
     if ctx.observers:
         raise NotImplementedError("exchange='sequential' never holds a layer's halo rows "
@@ -553,14 +575,17 @@ class _Slots:
                 pair = not isinstance(value, Tensor)
                 source, target = (value[0], value[1]) if pair else \
                     (value, value if name in targets else None)
-                self.sources.append(source)
-                self.names.append(name)
+                # one tensor given to the edge updater and to propagate travels once
+                known = [i for i, t in enumerate(self.sources) if t is source]
+                if not known:
+                    self.sources.append(source)
+                    self.names.append(name)
+                index = known[0] if known else len(self.sources) - 1
                 slot = None
                 if target is not None:
                     self.others.append(target)
                     slot = len(self.others) - 1
-                items.append((name, "source", (len(self.sources) - 1, slot, pair or
-                                               slot is not None)))
+                items.append((name, "source", (index, slot, pair or slot is not None)))
             elif isinstance(value, Tensor):
                 self.others.append(value)
                 kind = "edge" if name.startswith("edge_") else "tensor"
@@ -631,7 +656,18 @@ def sequential_propagate(module: MessagePassing, edge_index, size=None, **kwargs
                                                         num_inner))
         finally:
             module._dist_prepared, module._dist_message_weight = False, None
+            if hasattr(module, "_alpha"):  # TransformerConv keeps a piece's scores
+                module._alpha = None
 
     return sequential_aggregate(ctx, key, graph, slots.sources, slots.others, run,
-                                module.aggr, module,
-                                persistent=not getattr(module, "_dist_plan_graph", False))
+                                module.aggr, module)
+
+
+def refuse_attention_weights(module: MessagePassing, args, kwargs) -> None:
+    r"""Forward pre-hook: no layer returns attention weights under the
+    sequential exchange (no piece holds a whole neighbourhood's)."""
+    given = dict(zip(inspect.signature(module.forward).parameters, args), **kwargs)
+    if given.get("return_attention_weights"):
+        raise NotImplementedError(
+            f"Layer '{module._dist_key}': exchange='sequential' returns no attention weights "
+            f"(each peer's piece holds only part of a neighbourhood's)")
