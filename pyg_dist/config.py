@@ -198,14 +198,12 @@ class TrainConfig:
             ("overlap", self.overlap, not self.overlap or (sequential
                                                            and self.overlap != "nodes")),
         ) if not ok]
-        if refused and sequential:
-            raise ValueError(f"exchange='sequential' aggregates one peer's rows at a time on "
-                             f"full-graph plans under the exact cache (SAR): it does not "
-                             f"combine with {', '.join(refused)} (use exchange='halo')")
+        what = ("aggregates one peer's rows at a time on full-graph plans under the exact "
+                "cache (SAR)" if sequential else "moves every rank's whole block on the exact "
+                "full-graph plan (CAGNET's 1-D algorithm)")
         if refused:
-            raise ValueError(f"exchange='broadcast' moves every rank's whole block on the "
-                             f"exact full-graph plan (CAGNET's 1-D algorithm): it does not "
-                             f"combine with {', '.join(refused)} (use exchange='halo')")
+            raise ValueError(f"exchange='{self.exchange}' {what}: it does not combine with "
+                             f"{', '.join(refused)} (use exchange='halo')")
 
 
 # Fields added since the first runs were written, with the value those runs had.

@@ -320,6 +320,24 @@ class HaloContext:
         with self.stats.timer("sample"):  # building a sampled graph is plan building
             return self.plan.adjacency(aggr, fused)
 
+    def propagate_args(self, module, edge_index, kwargs: Dict[str, Any],
+                       sources: List[str]) -> Tuple[Any, Optional[Tensor], Dict[str, Any]]:
+        r"""A layer's propagate on the plan: ``(graph, message_weight,
+        kwargs)``. On the partition's own graph the per-edge arguments
+        (``edge_*``) are cut to the plan's edges and the graph takes the
+        form the layer aggregates fastest: fused sparse when no argument
+        but the :obj:`sources` is given (the fused path carries no per-edge
+        argument), per edge otherwise, with the plan's message weights
+        (:meth:`~pyg_dist.comm.HaloPlan.edge_weight`)."""
+        local = self.is_local_graph(edge_index)
+        if local:
+            kwargs = {k: self.plan.edges(v) if k.startswith("edge_") and isinstance(v, Tensor)
+                      else v for k, v in kwargs.items()}
+        fused = module.fuse and all(v is None for k, v in kwargs.items() if k not in sources)
+        aggr = module.aggr if isinstance(module.aggr, str) else None
+        weight = self.plan.edge_weight(aggr) if local and not fused else None
+        return self.adjacency(edge_index, fused, aggr), weight, kwargs
+
     def weighted_adjacency(self, edge_index, edge_weight: Optional[Tensor],
                            aggr: Optional[str]):
         r""":meth:`adjacency` for a layer that takes per-edge weights of the

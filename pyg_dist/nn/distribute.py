@@ -319,18 +319,8 @@ def _propagate_pre_hook(module: MessagePassing, inputs):
                            else ctx.extend(key, value))
         elif isinstance(value, (tuple, list)) and isinstance(value[0], Tensor):
             kwargs[arg] = (ctx.extend(key, value[0]), value[1])
-    local = ctx.is_local_graph(edge_index)
-    if local:
-        for arg, value in kwargs.items():
-            if arg.startswith("edge_") and isinstance(value, Tensor):
-                kwargs[arg] = ctx.plan.edges(value)
-    # The fused path cannot carry extra per-edge arguments (e.g. edge_weight).
-    edge_args_unused = all(kwargs.get(a) is None for a in kwargs if a not in sources)
-    fused = module.fuse and edge_args_unused
-    aggr = module.aggr if isinstance(module.aggr, str) else None
-    module._dist_message_weight = (ctx.plan.edge_weight(aggr) if local and not fused
-                                   else None)
-    edge_index = ctx.adjacency(edge_index, fused, aggr)
+    edge_index, module._dist_message_weight, kwargs = ctx.propagate_args(
+        module, edge_index, kwargs, sources)
     return edge_index, (ctx.num_src, ctx.num_inner), kwargs
 
 

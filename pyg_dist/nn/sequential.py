@@ -630,13 +630,8 @@ def sequential_propagate(module: MessagePassing, edge_index, size=None, **kwargs
     if getattr(module, "_dist_plan_graph", False):  # already the plan's (DistGATConv)
         graph, weight = edge_index, None
     elif ctx.is_local_graph(edge_index):
-        sources = source_args(module)
-        fused = module.fuse and all(v is None for k, v in kwargs.items() if k not in sources)
-        aggr = module.aggr if isinstance(module.aggr, str) else None
-        kwargs = {k: ctx.plan.edges(v) if k.startswith("edge_") and isinstance(v, Tensor)
-                  else v for k, v in kwargs.items()}
-        weight = None if fused else ctx.plan.edge_weight(aggr)
-        graph = ctx.adjacency(edge_index, fused, aggr)
+        graph, weight, kwargs = ctx.propagate_args(module, edge_index, kwargs,
+                                                   source_args(module))
     else:
         raise NotImplementedError(
             f"Layer '{module._dist_key}': exchange='sequential' aggregates the partition's "

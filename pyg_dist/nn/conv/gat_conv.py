@@ -18,10 +18,10 @@ def _attend(layer, x: Tensor, edge_index: Adj, edge_attr: Optional[Tensor],
     if ctx.exchange == "sequential":
         # Each rank transforms its own rows; every piece's sources travel
         # transformed and its edges are scored by the deferred edge update.
-        if not local or return_attention_weights:
+        if not local:  # (attention weights are refused by a pre-hook)
             raise NotImplementedError(
                 f"Layer '{layer._dist_key}': exchange='sequential' attends over the "
-                f"partition's own graph and returns no attention weights")
+                f"partition's own graph")
         layer._dist_plan_graph = True
         try:
             return super(type(layer), layer).forward(x, edge_index, edge_attr)
