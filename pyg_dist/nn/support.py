@@ -73,14 +73,40 @@ ROW_WISE_PYG = {
     "VariancePreservingAggregation", "DegreeScalerAggregation",
 }
 
-#: torch.nn modules that compute row by row on node features [N, C].
+#: torch.nn modules whose output row i depends only on input row i, by
+#: definition, for node features [N, ...] (tests/test_layer_zoo.py checks each
+#: against a shuffled subset of rows).
 ROW_WISE_TORCH = (
     torch.nn.Linear, torch.nn.Bilinear, torch.nn.Identity, torch.nn.Dropout,
     torch.nn.AlphaDropout, torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict,
     torch.nn.LayerNorm, torch.nn.RMSNorm, torch.nn.GroupNorm, torch.nn.Embedding,
-    torch.nn.Flatten, torch.nn.Unflatten, torch.nn.GRUCell, torch.nn.LSTMCell,
-    torch.nn.LSTM, torch.nn.GRU,
+    torch.nn.GRUCell, torch.nn.LSTMCell, torch.nn.RNNCell,
 )
+
+#: torch.nn modules that are row-wise only along some dimensions: their
+#: ``dim``/``start_dim`` must not be the node dimension (0, or a negative
+#: index that may resolve to it).
+ROW_WISE_TORCH_ALONG = {
+    torch.nn.Flatten: "start_dim", torch.nn.Unflatten: "dim", torch.nn.Softmax: "dim",
+    torch.nn.Softmin: "dim", torch.nn.LogSoftmax: "dim", torch.nn.GLU: "dim",
+}
+
+#: torch.nn modules that mix rows, refused with the reason.
+REFUSED_TORCH = {
+    torch.nn.RNNBase: "a recurrent module runs along the node dimension as a sequence "
+                      "(output row i depends on rows before it)",
+    torch.nn.MultiheadAttention: "attention over all nodes would attend over this rank's "
+                                 "nodes only",
+    torch.nn.Softmax2d: "a softmax over dimension -3, the nodes of 3-D features",
+}
+
+
+def _along_rows(module: torch.nn.Module, attribute: str) -> Optional[str]:
+    dim = getattr(module, attribute)
+    if isinstance(dim, int) and (dim >= 1 or dim == -1):
+        return None
+    return (f"{attribute}={dim} may be the node dimension: its output rows would mix "
+            f"nodes (use {attribute}=1 or -1)")
 
 
 def refusal(module: torch.nn.Module) -> Optional[str]:
@@ -98,8 +124,11 @@ def refusal(module: torch.nn.Module) -> Optional[str]:
         return (f"{name} is not among the PyG classes verified under pyg_dist (see the "
                 f"README's table of supported layers)")
     if origin.startswith("torch.nn."):
-        if isinstance(module, torch.nn.modules.activation.MultiheadAttention):
-            return "attention over all nodes would attend over this rank's nodes only"
+        for base, why in REFUSED_TORCH.items():
+            if isinstance(module, base):
+                return why
+        if cls in ROW_WISE_TORCH_ALONG:
+            return _along_rows(module, ROW_WISE_TORCH_ALONG[cls])
         if cls in ROW_WISE_TORCH or origin == "torch.nn.modules.activation":
             return None
         return (f"torch.nn.{name} is not verified to compute row by row on node features "
@@ -133,6 +162,10 @@ def markdown_table() -> str:
     for name, why in REFUSED.items():
         by_reason.setdefault(why, []).append(name)
     rows += [(f"refused: {why}", names(group)) for why, group in by_reason.items()]
+    refused_torch = {torch.nn.RNNBase: (torch.nn.RNN, torch.nn.LSTM, torch.nn.GRU)}
+    rows += [(f"refused: {why}", names(f"torch.nn.{c.__name__}"
+                                       for c in refused_torch.get(base, (base, ))))
+             for base, why in REFUSED_TORCH.items()]
     rows.append(("refused: not verified under pyg_dist", "any other PyG or `torch.nn` class"))
     return "\n".join(["| under `distribute()` | classes |", "|---|---|"]
                      + [f"| {what} | {who} |" for what, who in rows])
