@@ -74,6 +74,7 @@ from pyg_dist.comm.exchange import Pending, start_exchange
 from pyg_dist.nn.conv.gcn_conv import whole_graph_norm
 from pyg_dist.nn.norm import NORMS
 from pyg_dist.utils import csr_tensor
+from pyg_dist.utils.sparse import valid_sparse
 
 #: Layers whose rows can be computed in any subset of targets: their
 #: forward takes ``(x_src, x_dst)`` and a CSR ``adj_t`` of those targets.
@@ -220,7 +221,9 @@ class Schedule:
             if self.aggr[l - 1] == "mean":
                 scale = 1 / block.crow_indices().diff().clamp(min=1).to(block.dtype)
                 scale = scale.unsqueeze(1)
-            hit = self._transposed[l, stage] = (block.transpose(0, 1).to_sparse_csr(), scale)
+            with valid_sparse():  # the transpose of a valid CSR block
+                transposed = block.transpose(0, 1).to_sparse_csr()
+            hit = self._transposed[l, stage] = (transposed, scale)
         return hit
 
     def rows_per_stage(self) -> List[List[int]]:

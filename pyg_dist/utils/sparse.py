@@ -1,15 +1,27 @@
 r"""``torch.sparse`` CSR construction and row gathers."""
 import warnings
-from typing import Optional
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 import torch
 from torch import Tensor
 
 
+@contextmanager
+def valid_sparse() -> Iterator[None]:
+    r"""Silences torch's "Sparse CSR tensor support is in beta" and "Sparse
+    invariant checks are implicitly disabled" warnings, for sparse tensors
+    this package builds from indices it knows are valid (a user reads them
+    as a problem at the end of every run)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly")
+        yield
+
+
 def csr_tensor(crow: Tensor, col: Tensor, value: Tensor, size) -> Tensor:
     r"""``torch.sparse_csr_tensor`` without its invariant check and beta warning."""
-    with warnings.catch_warnings():  # "CSR support is in beta"
-        warnings.simplefilter("ignore", UserWarning)
+    with valid_sparse():
         return torch.sparse_csr_tensor(crow, col, value, size, check_invariants=False)
 
 
