@@ -1,9 +1,11 @@
 """Process-group set-up: from torchrun's environment, explicit arguments, or
 a spawn helper for single-machine runs, notebooks and tests."""
 import ctypes
+import numbers
 import os
 import pickle
 import queue
+import re
 import signal
 import socket
 import sys
@@ -11,7 +13,7 @@ import threading
 import time
 import traceback
 from datetime import timedelta
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -261,6 +263,14 @@ def _worker(rank: int, world_size: int, port: int, backend: str, timeout: float,
 
 # Seconds a rank may stay stopped (SIGSTOP) before the launcher kills it.
 STOPPED_GRACE = 5.0
+# Seconds the other ranks get to report their own error once a rank failed,
+# before the launcher kills them: a survivor's collective fails as soon as the
+# failed rank's sockets close, then it watches the heartbeats for
+# Heartbeat.silence seconds to name the lost rank (name_lost_ranks); the rest
+# is margin for a loaded machine. A rank still running after it is stuck
+# (waiting in a collective that only the collective timeout would end) or
+# busy with a run that has failed anyway.
+FAILURE_GRACE = Heartbeat.silence + 3.0
 # Seconds beyond the timeout ranks get to finish an epoch and checkpoint
 # after the launcher forwarded a SIGTERM.
 STOP_GRACE = 60.0
@@ -280,7 +290,8 @@ class _ForwardedStop:
 
     def _forward(self, signum, frame) -> None:
         if self.since is not None:  # a second signal: stop waiting
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt(f"a second {signal.Signals(signum).name}: "
+                                    f"the ranks were killed")
         self.since, self.signum = time.monotonic(), signum
         for p in self.procs:
             if p.is_alive():
@@ -300,6 +311,43 @@ def _stopped(pid: Optional[int]) -> bool:
         return False
 
 
+class SpawnError(RuntimeError):
+    r"""Ranks of :func:`spawn` failed. The message's first line,
+    :attr:`cause`, is the root cause: the first failing rank's one-line
+    error, a rank's own error preferred over the lost connections it caused
+    on the others. :attr:`details` (the lines after it) holds every failed
+    rank's fate and traceback; :attr:`errors` maps each failed rank to its
+    report."""
+
+    def __init__(self, cause: str, details: str, errors: Dict[int, str]) -> None:
+        super().__init__(f"{cause}\n{details}")
+        self.cause, self.details, self.errors = cause, details, errors
+
+    def __reduce__(self):  # RuntimeError's pickling would call __init__(message)
+        return type(self), (self.cause, self.details, self.errors)
+
+
+# What a failure causes on the ranks that did not fail (their peer is gone,
+# or the launcher killed them): never the root cause when a rank has its own.
+_SECONDARY = re.compile(r"RankLostError|lost ranks? \d|Connection (closed|reset) by peer|"
+                        r"did not finish")
+
+
+def _died(rank: int, exitcode: Optional[int]) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"rank {rank} died (killed by {signal.Signals(-exitcode).name})"
+        except ValueError:  # not a signal this platform names
+            return f"rank {rank} died (killed by signal {-exitcode})"
+    return f"rank {rank} died (exit code {exitcode})"
+
+
+def _one_line(rank: int, report: str) -> str:
+    r"""The first line of a rank's :obj:`report`, labelled with its rank."""
+    first = (report.strip().splitlines() or ["(no message)"])[0]
+    return first if first.startswith(f"rank {rank} ") else f"rank {rank}: {first}"
+
+
 def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
           timeout: float = DEFAULT_TIMEOUT, join_timeout: Optional[float] = None,
           threads: Optional[int] = None) -> List[Any]:
@@ -310,16 +358,22 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
     be defined in a notebook cell or a script's ``__main__`` (functions,
     lambdas, closures, classes: they travel by value, with cloudpickle; a
     module's functions travel by name). If a rank
-    fails or dies, the others get :obj:`timeout` seconds to fail on their
-    own collectives before being terminated, and a :class:`RuntimeError`
-    reports every rank's fate; a rank stopped (SIGSTOP) for more than
-    ``min(timeout, 5)`` seconds counts as failed and is killed. SIGTERM and
-    Ctrl-C reach the ranks as SIGTERM (training ends its epoch, checkpoints
-    and stops; a second signal stops waiting). On Linux the ranks die with
-    this process, however it ends (SIGKILL included).
+    fails, dies or is stopped (SIGSTOP) for more than
+    ``min(timeout, STOPPED_GRACE)`` seconds (it is then killed), the others
+    get :data:`FAILURE_GRACE` seconds to report their own error and are then
+    killed; a :class:`SpawnError` (a :class:`RuntimeError`) says the root
+    cause in its first line and every failed rank's fate and traceback after
+    it. SIGTERM and Ctrl-C reach the ranks as SIGTERM (training ends its
+    epoch, checkpoints and stops, and the error says so; a second signal
+    stops waiting with :class:`KeyboardInterrupt`, as does Ctrl-C when every
+    rank returned). On Linux the ranks die with this process, however it
+    ends (SIGKILL included).
     :obj:`join_timeout` bounds the whole run.
     :obj:`threads` sets each rank's intra-op threads (default: :func:`rank_threads`).
     """
+    if isinstance(nprocs, bool) or not isinstance(nprocs, numbers.Integral) or nprocs < 1:
+        raise ValueError(f"nprocs must be a whole number >= 1 (got {nprocs!r})")
+    nprocs = int(nprocs)
     call = dumps(fn, f"'{getattr(fn, '__qualname__', fn)}'")
     ctx = torch.multiprocessing.get_context("spawn")
     results = ctx.Queue()
@@ -344,16 +398,23 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
             if any(p.pid is not None for p in procs) or isinstance(payload, _ByValue):
                 raise  # a rank started: not a failure to pickle the arguments
     outcome: dict = {}
+    failed: List[int] = []  # ranks in the order their failure was seen
     stopping = _ForwardedStop(procs)
     deadline = None if join_timeout is None else time.monotonic() + join_timeout
     failed_at = None
+    watchdog = False  # the other ranks' grace after the first failure ran out
     stopped: dict = {}  # rank -> since when it is seen stopped
     try:
         while len(outcome) < nprocs:
             now = time.monotonic()
             if deadline is not None and now > deadline:
                 break
-            if failed_at is not None and now - failed_at > timeout + 10:
+            # A stop forwarded before the failure gives every rank time to
+            # checkpoint (below); otherwise the run has failed: no waiting
+            # for the collective timeout.
+            if (failed_at is not None and now - failed_at > FAILURE_GRACE
+                    and (stopping.since is None or stopping.since > failed_at)):
+                watchdog = True
                 break
             if stopping.since is not None and now - stopping.since > timeout + STOP_GRACE:
                 break  # the ranks had their chance to checkpoint and stop
@@ -364,21 +425,23 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
                 pass
             for r, p in enumerate(procs):  # a rank that died without reporting
                 if r not in outcome and not p.is_alive() and results.empty():
-                    outcome[r] = (False, f"rank {r} died (exit code {p.exitcode})")
+                    outcome[r] = (False, _died(r, p.exitcode))
                 elif r not in outcome and _stopped(p.pid):  # SIGSTOP, a hung device
                     stopped.setdefault(r, now)
                     if now - stopped[r] > min(timeout, STOPPED_GRACE):
-                        outcome[r] = (False, f"rank {r} was stopped (SIGSTOP) for "
-                                             f"{now - stopped[r]:.0f} s: killed")
+                        p.kill()  # now, so that its peers' collectives fail now
+                        outcome[r] = (False, f"rank {r} was stopped (SIGSTOP) for more than "
+                                             f"{min(timeout, STOPPED_GRACE):g} s: killed")
                 else:
                     stopped.pop(r, None)
-            if failed_at is None and any(not ok for ok, _ in outcome.values()):
+            failed += [r for r, (ok, _) in outcome.items() if not ok and r not in failed]
+            if failed_at is None and failed:
                 failed_at = time.monotonic()
     finally:
         stopping.restore()
         for p in procs:
-            if p.is_alive() and _stopped(p.pid):  # it cannot act on SIGTERM
-                p.kill()
+            if p.is_alive() and (watchdog or _stopped(p.pid)):  # had its grace / cannot
+                p.kill()                                         # act on SIGTERM
             p.join(timeout=1)
             if p.is_alive():
                 p.terminate()
@@ -386,15 +449,23 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
             if p.is_alive():  # stopped (SIGSTOP) or ignoring SIGTERM
                 p.kill()
                 p.join()
-    if stopping.since is not None and stopping.signum == signal.SIGINT:
-        raise KeyboardInterrupt
     missing = [r for r in range(nprocs) if r not in outcome]
-    errors = {r: msg for r, (ok, msg) in outcome.items() if not ok}
+    errors = {r: msg.strip() for r, (ok, msg) in outcome.items() if not ok}
+    if stopping.signum == signal.SIGINT and not (errors or missing):
+        raise KeyboardInterrupt  # every rank returned: the caller still asked to stop
     if errors or missing:
-        lines = [f"rank {r}: {msg.strip()}" for r, msg in sorted(errors.items())]
-        lines += [f"rank {r}: did not finish in time (terminated)" for r in missing]
-        raise RuntimeError(f"{len(errors) + len(missing)} of {nprocs} ranks failed:\n"
-                           + "\n".join(lines))
+        late = (f"did not finish within {FAILURE_GRACE:g} s of the first failure (killed)"
+                if watchdog else "did not finish in time (terminated)")
+        errors.update({r: late for r in missing})
+        order = failed + missing
+        root = ([r for r in order if not _SECONDARY.search(_one_line(r, errors[r]))]
+                or order)[0]
+        cause = _one_line(root, errors[root])
+        if stopping.signum == signal.SIGINT:  # the ranks' messages say SIGTERM
+            cause = f"Ctrl-C (SIGINT, forwarded to the ranks as SIGTERM): {cause}"
+        details = f"{len(errors)} of {nprocs} ranks failed:\n" + "\n".join(
+            f"rank {r}: {msg}" for r, msg in sorted(errors.items()))
+        raise SpawnError(cause, details, errors)
     return [pickle.loads(outcome[r][1]) for r in range(nprocs)]
 
 

@@ -18,13 +18,18 @@ Each rank keeps :data:`state` (a namespace) from one call to the next: a
 ``pyg_dist.notebook.state.name``, in the functions given to
 :meth:`Ranks.run`; it starts with ``torch`` and ``dist``
 (``torch.distributed``) imported. Functions, lambdas and classes defined in cells travel
-by value (see :func:`pyg_dist.spawn`). What a rank prints (progress bars
-included) comes back under its rank's label. An exception on a rank is
-raised here as a :class:`RankError` with every failed rank's traceback;
-the group stays up when every other rank answered, and is stopped when
-one has not answered :data:`ANSWER_GRACE` seconds after the failure (as a
-rank waiting for the failed one in a collective would not; the error says
-which). Arguments of :meth:`Ranks.run` are copied to every rank. :meth:`Ranks.stop`,
+by value (see :func:`pyg_dist.spawn`). What a rank prints appears while the
+call runs, each line labelled ``[rank r]`` (a progress bar's redraws at most
+every :data:`BAR_INTERVAL` seconds, each on a line of its own). An exception
+on a rank is raised here as a :class:`RankError` with every failed rank's
+traceback. The group stays up when every other rank answered and no
+collective failed. It is down, and its ranks are stopped, when a rank died
+or was stopped (SIGSTOP) for :data:`~pyg_dist.distributed.STOPPED_GRACE`
+seconds, when a collective failed (timed out after ``start``'s
+:obj:`timeout`, or lost its peer), or when a rank has not answered
+:data:`ANSWER_GRACE` seconds after another failed (as a rank waiting for the
+failed one in a collective would not); the error says which.
+Arguments of :meth:`Ranks.run` are copied to every rank. :meth:`Ranks.stop`,
 an interrupt (the stop button) and the kernel's end, however it ends, leave no
 rank behind.
 """
@@ -33,19 +38,20 @@ import io
 import os
 import pickle
 import queue
+import re
 import signal
 import threading
 import time
 import traceback
 import types
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
-from pyg_dist.distributed import (DEFAULT_TIMEOUT, die_with_parent, dumps, free_port, init,
-                                  rank_threads)
+from pyg_dist.distributed import (DEFAULT_TIMEOUT, STOPPED_GRACE, _died, _stopped,
+                                  die_with_parent, dumps, free_port, init, rank_threads)
 
 #: This rank's variables, kept between calls (on the ranks; empty here).
 state = types.SimpleNamespace()
@@ -54,19 +60,28 @@ state = types.SimpleNamespace()
 #: is taken to be stuck in a collective and stopped.
 ANSWER_GRACE = 10.0
 
+#: Seconds the other ranks get to report once the group is down (a rank died
+#: or a collective failed): a rank in a collective with the lost one fails as
+#: soon as its connections close.
+DOWN_GRACE = 3.0
+
+#: Seconds between two redraws of a rank's progress bar shown in the notebook
+#: (each on a line of its own: the ranks' bars cannot share one line).
+BAR_INTERVAL = 2.0
+
 _started: List["Ranks"] = []
 
 
 class RankError(RuntimeError):
     r"""Ranks failed: ``tracebacks`` maps each failed rank to its traceback;
-    ``usable`` says whether the group is still up."""
+    ``usable`` says whether the group is still up, ``down`` why it is not."""
 
-    def __init__(self, tracebacks: Dict[int, str], usable: bool) -> None:
-        self.tracebacks, self.usable = tracebacks, usable
-        fate = ("the other ranks answered: the group is still up" if usable else
-                "the group was stopped: a rank had not answered "
-                f"{ANSWER_GRACE:g} s after the failure (waiting on the failed ones?); "
-                "start a new one with pyg_dist.notebook.start()")
+    def __init__(self, tracebacks: Dict[int, str], usable: bool,
+                 down: Optional[str] = None) -> None:
+        self.tracebacks, self.usable, self.down = tracebacks, usable, down
+        fate = ("the other ranks answered and no collective failed: the group is still up"
+                if usable else f"the group is down: {down}; its ranks were stopped: start "
+                               f"new ones with pyg_dist.notebook.start()")
         super().__init__("\n".join(f"rank {r}:\n{tb.rstrip()}"
                                    for r, tb in sorted(tracebacks.items())) + f"\n({fate})")
 
@@ -86,6 +101,57 @@ def _sigint_ignored() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+class _Printed(io.TextIOBase):
+    r"""A rank's stdout and stderr during a job: each line is sent to the
+    notebook as soon as it ends, a progress bar's redraw (text after a
+    ``\r``, sent when flushed) at most every :data:`BAR_INTERVAL` seconds."""
+
+    def __init__(self, rank: int, outbox) -> None:
+        super().__init__()
+        self.rank, self.outbox, self.pending, self.shown = rank, outbox, "", float("-inf")
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            self._send(line)
+        if "\r" in self.pending:  # a terminal shows only the last redraw
+            self.pending = "\r" + self.pending.rstrip("\r").rsplit("\r", 1)[-1]
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending.startswith("\r") and time.monotonic() - self.shown >= BAR_INTERVAL:
+            self.shown = time.monotonic()
+            self._send(self.pending)
+
+    def finish(self) -> None:
+        r"""Sends what is left of the last line."""
+        if self.pending:
+            self._send(self.pending)
+            self.pending = ""
+
+    def _send(self, line: str) -> None:
+        shown = line.rstrip("\r").rsplit("\r", 1)[-1]
+        if shown.strip() or "\r" not in line:  # not a bar cleared from its line
+            self.outbox.put(("print", self.rank, shown))
+
+
+# Errors of a collective that leave the group unusable: the transport's
+# (a lost peer, a timeout) and torch's distributed errors.
+_GROUP_ERROR = re.compile(r"/gloo/|Connection (closed|reset) by peer|Timed out waiting")
+
+
+def _breaks_group(error: BaseException) -> Optional[str]:
+    r"""One line saying why :obj:`error` leaves the group unusable, or
+    ``None`` if it does not."""
+    text = f"{type(error).__name__}: {error}".strip()
+    if isinstance(error, dist.DistError) or _GROUP_ERROR.search(text):
+        return text.splitlines()[0]
+    return None
+
+
 def _serve(rank: int, world_size: int, port: int, backend: str, timeout: float,
            threads: int, inbox, outbox, parent_pid: int) -> None:
     r"""A rank: runs the jobs of :obj:`inbox` until told to stop."""
@@ -97,7 +163,7 @@ def _serve(rank: int, world_size: int, port: int, backend: str, timeout: float,
     try:
         while (job := inbox.get()) is not None:
             kind, payload = job
-            printed = io.StringIO()
+            printed = _Printed(rank, outbox)
             try:
                 with redirect_stdout(printed), redirect_stderr(printed):
                     if kind == "call":
@@ -106,10 +172,11 @@ def _serve(rank: int, world_size: int, port: int, backend: str, timeout: float,
                     else:
                         exec(compile(payload, "<%%ranks cell>", "exec"), vars(state))
                         value = None
-                outbox.put((rank, True, dumps(value, f"rank {rank}'s result"),
-                            printed.getvalue()))
-            except BaseException:  # noqa: BLE001 - every failure goes back to the notebook
-                outbox.put((rank, False, traceback.format_exc(), printed.getvalue()))
+                printed.finish()  # its last line before the answer
+                outbox.put(("answer", rank, True, dumps(value, f"rank {rank}'s result"), None))
+            except BaseException as e:  # noqa: BLE001 - every failure goes back to the notebook
+                printed.finish()
+                outbox.put(("answer", rank, False, traceback.format_exc(), _breaks_group(e)))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -146,7 +213,8 @@ class Ranks:
 
     def run(self, fn: Callable, *args: Any) -> List[Any]:
         r"""``fn(*args)`` on every rank; their results in rank order. What
-        the ranks print is shown under their labels."""
+        the ranks print is shown as it comes, each line under its rank's
+        label."""
         return self._submit(("call", dumps((fn, args), f"'{getattr(fn, '__qualname__', fn)}' "
                                                        f"and its arguments")))
 
@@ -156,48 +224,83 @@ class Ranks:
         self._submit(("cell", code))
 
     def _submit(self, job) -> List[Any]:
+        if self._procs and not self.alive:  # a rank died between calls
+            dead = {r: _died(r, p.exitcode) for r, p in enumerate(self._procs)
+                    if not p.is_alive()}
+            self.stop(now=True)
+            raise RankError(dead, False, "; ".join(dead.values()))
         if not self.alive:
             raise RuntimeError("These ranks are stopped: start new ones with "
                                "pyg_dist.notebook.start()")
         for inbox in self._inboxes:
             inbox.put(job)
         try:
-            answers = self._collect()
+            answers, down = self._collect()
         except KeyboardInterrupt:  # the stop button: a rank cannot be interrupted safely
             self.stop(now=True)
             raise KeyboardInterrupt("interrupted: the ranks were stopped (their state is "
                                     "lost); start new ones with pyg_dist.notebook.start()")
-        for rank in sorted(answers):
-            if answers[rank][2]:
-                print(f"[rank {rank}]\n{answers[rank][2].rstrip()}")
         failed = {r: a[1] for r, a in answers.items() if not a[0]}
         if failed or len(answers) < self.nprocs:
-            usable = len(answers) == self.nprocs
-            if not usable:
+            late = [r for r in range(self.nprocs) if r not in answers]
+            if down is not None or late:
+                grace = DOWN_GRACE if down is not None else ANSWER_GRACE
+                down = down or (f"rank{'s' if len(late) > 1 else ''} "
+                                f"{', '.join(map(str, late))} had not answered {grace:g} s "
+                                f"after the failure (waiting on the failed ones in a "
+                                f"collective?)")
                 self.stop(now=True)
-                failed.update({r: f"did not answer within {ANSWER_GRACE:g} s of the failure "
-                                  f"(waiting on the failed ranks?): stopped"
-                               for r in range(self.nprocs) if r not in answers})
-            raise RankError(failed, usable)
+                failed.update({r: f"did not answer within {grace:g} s of the failure: "
+                                  f"stopped" for r in late})
+            raise RankError(failed, down is None, down)
         return [pickle.loads(answers[r][1]) for r in range(self.nprocs)]
 
-    def _collect(self) -> Dict[int, tuple]:
+    def _collect(self) -> Tuple[Dict[int, tuple], Optional[str]]:
+        r"""Shows what the ranks print as it comes; returns their answers
+        (those that came) and why the group is down (``None`` if it is
+        not known to be)."""
         answers: Dict[int, tuple] = {}
-        failed_at = None
+        failed_at, down = None, None
+        stopped: Dict[int, float] = {}  # rank -> since when it is seen stopped
         while len(answers) < self.nprocs:
-            if failed_at is not None and time.monotonic() - failed_at > ANSWER_GRACE:
+            now = time.monotonic()
+            if failed_at is not None and now - failed_at > (DOWN_GRACE if down else
+                                                            ANSWER_GRACE):
                 break
             try:
-                rank, ok, payload, printed = self._outbox.get(timeout=0.2)
-                answers[rank] = (ok, payload, printed)
+                message = self._outbox.get(timeout=0.2)
             except queue.Empty:
-                pass
+                message = None
+            if message is not None and message[0] == "print":
+                print(f"[rank {message[1]}] {message[2]}", flush=True)
+            elif message is not None:
+                _, rank, ok, payload, broken = message
+                answers[rank] = (ok, payload)
+                if broken and down is None:
+                    down = f"a collective failed on rank {rank} ({broken})"
             for r, p in enumerate(self._procs):
-                if r not in answers and not p.is_alive() and self._outbox.empty():
-                    answers[r] = (False, f"rank {r} died (exit code {p.exitcode})", "")
+                if r in answers:
+                    continue
+                if not p.is_alive() and self._outbox.empty():
+                    answers[r] = (False, _died(r, p.exitcode))
+                elif _stopped(p.pid):  # SIGSTOP, a hung device
+                    if now - stopped.setdefault(r, now) > STOPPED_GRACE:
+                        p.kill()
+                        answers[r] = (False, f"rank {r} was stopped (SIGSTOP) for more "
+                                             f"than {STOPPED_GRACE:g} s: killed")
+                else:
+                    stopped.pop(r, None)
+                if r in answers:  # it died or was killed: its peers cannot go on
+                    down = down or answers[r][1]
             if failed_at is None and any(not a[0] for a in answers.values()):
                 failed_at = time.monotonic()
-        return answers
+        while True:  # the lines of ranks that had not answered, before they are stopped
+            try:
+                message = self._outbox.get_nowait()
+            except queue.Empty:
+                return answers, down
+            if message[0] == "print":
+                print(f"[rank {message[1]}] {message[2]}", flush=True)
 
     def stop(self, now: bool = False) -> None:
         r"""Ends the ranks (and their state). Without :obj:`now` they finish

@@ -277,3 +277,21 @@ def stop_mid_epoch(root: str, victim: int):
         if step == 1 and dist.get_rank() == victim:
             os.kill(os.getpid(), signal.SIGSTOP)
         out.sum().backward()
+
+
+def fail_beside_a_collective(how: str, mark: str):
+    r"""Rank 1 fails as :obj:`how` says (``raise``: ``ValueError("boom")``;
+    ``kill``: SIGKILL; ``stop``: SIGSTOP; ``sleep``: sleeps ten minutes)
+    while rank 0 waits for it in an all-reduce. Each rank first writes the
+    time it got there to ``{mark}.{rank}``."""
+    import signal
+    dist.barrier()  # both ranks are up
+    with open(f"{mark}.{dist.get_rank()}", "w") as f:
+        f.write(repr(time.time()))
+    if dist.get_rank() == 1:
+        if how == "raise":
+            raise ValueError("boom")
+        if how == "sleep":
+            time.sleep(600)
+        os.kill(os.getpid(), {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}[how])
+    dist.all_reduce(torch.ones(1))

@@ -195,3 +195,91 @@ def test_sigterm_checkpoints_and_stops_then_resumes(graph, tmp_path):
                           env=dict(os.environ, PYTHONWARNINGS="ignore"))
     assert done.returncode == 0, done.stderr[-2000:]
     assert [json.loads(line)["epoch"] for line in open(metrics)] == list(range(1, latest + 3))
+
+
+@pytest.mark.parametrize("nprocs", [0, -2, 1.5, "2"])
+def test_spawn_refuses_no_ranks(nprocs):
+    with pytest.raises(ValueError, match="nprocs must be a whole number >= 1"):
+        pyg_dist.spawn(int, nprocs)
+
+
+def _fail_beside_a_collective(tmp_path, how: str, timeout: float):
+    r"""Spawns :func:`~tests.dist_workers.fail_beside_a_collective`; its
+    :class:`SpawnError` and the seconds from each rank's mark to the end."""
+    from pyg_dist.distributed import SpawnError
+    from tests.dist_workers import fail_beside_a_collective
+    mark = str(tmp_path / "mark")
+    with pytest.raises(SpawnError) as info:
+        pyg_dist.spawn(fail_beside_a_collective, 2, (how, mark), timeout=timeout)
+    end = time.time()
+    return info.value, [end - float(open(f"{mark}.{r}").read()) for r in range(2)]
+
+
+def test_stopped_rank_ends_spawn_within_seconds_not_the_timeout(tmp_path):
+    r"""SIGSTOP on a rank with the default 300 s collective timeout: it is
+    killed after STOPPED_GRACE, the survivor's collective fails at once and
+    spawn raises seconds later, the first line naming the stopped rank."""
+    from pyg_dist.distributed import FAILURE_GRACE, STOPPED_GRACE
+    error, since = _fail_beside_a_collective(tmp_path, "stop", timeout=300)
+    assert since[1] < STOPPED_GRACE + FAILURE_GRACE + 5, since
+    assert str(error).splitlines()[0] == "rank 1 was stopped (SIGSTOP) for more than 5 s: killed"
+    assert "rank 0: RankLostError: lost rank 1" in error.details
+
+
+def test_rank_waiting_for_a_sleeping_rank_ends_after_its_timeout(tmp_path):
+    r"""Rank 0 waits in an all-reduce for rank 1, which sleeps: rank 0's
+    collective times out, and rank 1 is killed FAILURE_GRACE later."""
+    from pyg_dist.distributed import FAILURE_GRACE, Heartbeat
+    error, since = _fail_beside_a_collective(tmp_path, "sleep", timeout=5)
+    assert since[0] < 5 + Heartbeat.silence + FAILURE_GRACE + 4, since
+    assert error.cause.startswith("rank 0: RuntimeError: ") and "Timed out" in error.cause
+    assert error.errors[1] == f"did not finish within {FAILURE_GRACE:g} s of the first " \
+                              f"failure (killed)"
+
+
+def test_first_line_is_the_root_cause(tmp_path):
+    r"""Rank 1 raises while rank 0 is in a collective: the first line is
+    rank 1's error, not rank 0's lost connection; every traceback follows."""
+    error, since = _fail_beside_a_collective(tmp_path, "raise", timeout=300)
+    lines = str(error).splitlines()
+    assert lines[0] == error.cause == "rank 1: ValueError: boom"
+    assert lines[1] == "2 of 2 ranks failed:" and "\n".join(lines[1:]) == error.details
+    assert "lost rank 1" in error.errors[0] and 'raise ValueError("boom")' in error.errors[1]
+    assert since[1] < 10, since
+
+
+def test_killed_rank_first_line_names_the_signal(tmp_path):
+    error, since = _fail_beside_a_collective(tmp_path, "kill", timeout=300)
+    assert str(error).splitlines()[0] == "rank 1 died (killed by SIGKILL)"
+    assert since[1] < 10, since
+
+
+def test_ctrl_c_checkpoints_and_stops_in_one_line(tmp_path):
+    r"""Ctrl-C (SIGINT) to `pyg-dist train` ends like SIGTERM: every rank
+    ends its epoch and checkpoints, and the launcher prints one line that
+    says so (no KeyboardInterrupt traceback) and where the ranks'
+    tracebacks are."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    root, out = str(tmp_path / "parts"), str(tmp_path / "run")
+    cli = [sys.executable, "-m", "pyg_dist.cli"]
+    subprocess.run(cli + ["partition", "--num-parts", "2", "--root", root, "--num-nodes",
+                          "2000"], check=True, capture_output=True, timeout=120, env=env)
+    launcher = subprocess.Popen(
+        cli + ["train", "--root", root, "--out", out, "--hidden", "8", "--no-progress",
+               "--no-plots", "--checkpoint-every", "1", "--epochs", "100000"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    metrics = os.path.join(out, "metrics.jsonl")
+    deadline = time.monotonic() + 60
+    while not (os.path.exists(metrics) and os.path.getsize(metrics)):
+        assert time.monotonic() < deadline and launcher.poll() is None
+        time.sleep(0.2)
+    launcher.send_signal(signal.SIGINT)
+    _, err = launcher.communicate(timeout=60)
+    lines = err.strip().splitlines()
+    assert launcher.returncode != 0 and "Traceback" not in err, err[-2000:]
+    assert lines[0].startswith("pyg-dist train: error: Ctrl-C (SIGINT") and \
+        "stopped by SIGTERM after epoch" in lines[0] and "--resume" in lines[0], err[-2000:]
+    log = re.fullmatch(r"\(tracebacks of every rank: (.+)\)", lines[1]).group(1)
+    assert "TrainingStopped" in open(log).read()
+    os.remove(log)
+    assert os.path.exists(os.path.join(out, "checkpoint", "latest.json"))

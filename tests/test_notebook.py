@@ -105,7 +105,7 @@ def test_ranks_keep_state_and_report_failures(capsys, monkeypatch):
     process."""
     with notebook.start(nprocs=2) as ranks:
         assert ranks.run(_remember, 3) == [3, 6]
-        assert "[rank 0]\nkept 3" in capsys.readouterr().out
+        assert "[rank 0] kept 3" in capsys.readouterr().out
         assert ranks.run(lambda: notebook.state.k + 1) == [4, 7]
         with pytest.raises(notebook.RankError) as error:
             ranks.run(lambda: 1 / dist.get_rank())
@@ -136,13 +136,15 @@ def test_ranks_magic_prints_each_rank_under_its_label(capsys):
         shell.run_cell_magic("ranks", "", "x = dist.get_rank() * 10\nprint('x is', x)")
         shell.run_cell_magic("ranks", "", "print('x again', x + 1)")  # state kept
         out = capsys.readouterr().out
-        assert "[rank 0]\nx is 0" in out and "[rank 1]\nx is 10" in out
-        assert "[rank 0]\nx again 1" in out and "[rank 1]\nx again 11" in out
+        assert "[rank 0] x is 0" in out and "[rank 1] x is 10" in out
+        assert "[rank 0] x again 1" in out and "[rank 1] x again 11" in out
         shell.run_cell_magic("ranks", "", "from tqdm import tqdm\nfor _ in tqdm(range(3)): pass")
-        assert out.count("3/3") == 0 and capsys.readouterr().out.count("3/3 [") == 2  # bars
+        bars = capsys.readouterr().out
+        assert out.count("3/3") == 0 and bars.count("3/3 [") == 2  # a final bar per rank
+        assert "[rank 0] 100%|" in bars and "[rank 1] 100%|" in bars  # labelled
         shell.user_ns["mine"] = ranks
         shell.run_cell_magic("ranks", "mine", "import pyg_dist\nprint(pyg_dist.__name__)")
-        assert "[rank 1]\npyg_dist" in capsys.readouterr().out
+        assert "[rank 1] pyg_dist" in capsys.readouterr().out
     finally:
         ranks.stop()
 
@@ -219,3 +221,83 @@ def test_no_rank_outlives_an_interrupt_or_a_killed_kernel(kernel):
     assert len(pids) == 2
     os.kill(km.provisioner.pid, signal.SIGKILL)  # nothing of the kernel runs on
     assert _gone(pids)
+
+
+def _all_reduce_on_rank_0():
+    import torch
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))  # rank 1 returns instead of joining
+
+
+def test_collective_deadlock_says_the_group_is_down():
+    r"""Rank 0 waits in an all-reduce that rank 1 never joins: when the
+    collective times out the group is down (its pairs are closed), the error
+    says so at once and the ranks are stopped."""
+    ranks = notebook.start(nprocs=2, timeout=3)
+    try:
+        ranks.run(int)  # both ranks serve
+        pids, start = ranks.pids, time.monotonic()
+        with pytest.raises(notebook.RankError) as error:
+            ranks.run(_all_reduce_on_rank_0)
+        assert time.monotonic() - start < 3 + notebook.DOWN_GRACE + 4
+        message = str(error.value)
+        assert not error.value.usable and "the group is down" in message
+        assert "still up" not in message and "Timed out" in error.value.down
+        assert "notebook.start()" in message and not ranks.alive and _gone(pids)
+        with pytest.raises(RuntimeError, match="stopped"):
+            ranks.run(int)
+    finally:
+        ranks.stop()
+
+
+def _killed_on_rank_1():
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(1)
+    return dist.get_rank()
+
+
+def test_killed_rank_says_the_group_is_down():
+    r"""``kill -9`` of a rank, during a call or between calls: the group is
+    down, the error names the signal, no rank is left."""
+    with notebook.start(nprocs=2) as ranks:
+        ranks.run(int)
+        pids, start = ranks.pids, time.monotonic()
+        with pytest.raises(notebook.RankError) as error:
+            ranks.run(_killed_on_rank_1)
+        assert time.monotonic() - start < 1 + notebook.DOWN_GRACE + 4
+        assert "the group is down: rank 1 died (killed by SIGKILL)" in str(error.value)
+        assert not error.value.usable and "still up" not in str(error.value)
+        assert _gone(pids)
+    with notebook.start(nprocs=2) as ranks:
+        ranks.run(int)
+        os.kill(ranks.pids[1], signal.SIGKILL)
+        assert _gone(ranks.pids[1:])
+        with pytest.raises(notebook.RankError, match="the group is down: rank 1 died "
+                                                      r"\(killed by SIGKILL\)"):
+            ranks.run(int)
+        assert not ranks.alive
+
+
+def _print_then_sleep():
+    print(f"hello from {dist.get_rank()}")
+    time.sleep(4)
+    return dist.get_rank()
+
+
+def test_output_appears_while_the_call_runs(capsys):
+    r"""What a rank prints shows, labelled, before the call returns."""
+    import threading
+    with notebook.start(nprocs=2) as ranks:
+        ranks.run(int)
+        results = []
+        call = threading.Thread(target=lambda: results.append(ranks.run(_print_then_sleep)))
+        call.start()
+        seen, deadline = "", time.monotonic() + 30
+        while not ("[rank 0] hello from 0" in seen and "[rank 1] hello from 1" in seen):
+            assert call.is_alive() and time.monotonic() < deadline, seen
+            time.sleep(0.1)
+            seen += capsys.readouterr().out
+        assert call.is_alive()  # still sleeping: the lines came while it ran
+        call.join(timeout=30)
+        assert results == [[0, 1]]
