@@ -1,7 +1,6 @@
 """Per-epoch training checkpoints: one file per rank, so a run killed at any
 point resumes from its last complete epoch with exactly the state an
 uninterrupted run would have had."""
-import json
 import os
 import os.path as osp
 import random
@@ -14,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from pyg_dist.distributed import device
-from pyg_dist.integrity import load_checked, save_checked, save_json
+from pyg_dist.integrity import load_checked, read_json, save_checked, save_json, verify
 
 LATEST = "latest.json"
 
@@ -31,7 +30,8 @@ class Checkpointer:
       after epoch :math:`E` (model, optimiser, RNG, sampler, cache and
       loader state, the metrics so far), written to a temporary file and
       renamed, so a file is whole or absent, and described by
-      ``rank_{r}.pt.json`` (size and checksum, verified on load);
+      ``rank_{r}.pt.json`` (size and checksum, verified on load; a file
+      without its sidecar is refused);
     * ``latest.json``: the last epoch *every* rank wrote (rank 0 writes it
       after a barrier), and what the run must match to resume from it
       (:obj:`identity`: world size, graph, hyper-parameters).
@@ -71,20 +71,21 @@ class Checkpointer:
         if self.world_size > 1:
             dist.barrier()  # nobody reads latest.json before it names this epoch
 
-    def load(self) -> Dict[str, Any]:
-        r"""This rank's state of the latest complete checkpoint; raises
-        :class:`CheckpointError` if there is none, if it was written by a
-        run with another world size, graph or hyper-parameters, or if a
-        file is corrupt."""
+    def latest(self) -> Dict[str, Any]:
+        r"""``latest.json``: the epoch of the latest complete checkpoint,
+        refused (:class:`CheckpointError`) if there is none, if it cannot
+        be read, or if it was written by a run with another world size,
+        graph or hyper-parameters."""
         latest = osp.join(self.directory, LATEST)
         if not osp.exists(latest):
             raise CheckpointError(f"Cannot resume: no checkpoint in '{self.directory}' "
                                   f"(train with --checkpoint-every N first)")
         try:
-            with open(latest) as f:
-                meta = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
-            raise CheckpointError(f"Checkpoint index '{latest}' is corrupt: {e}") from e
+            meta = read_json(latest)
+        except (OSError, RuntimeError) as e:
+            raise CheckpointError(str(e)) from e
+        if not isinstance(meta, dict) or not isinstance(meta.get("epoch"), int):
+            raise CheckpointError(f"'{latest}' is corrupt: it names no epoch")
         if self.upgrade is not None:
             meta = self.upgrade(meta)
         differ = {k: (meta.get(k), v) for k, v in self.identity.items() if meta.get(k) != v}
@@ -93,6 +94,47 @@ class Checkpointer:
                               for k, (a, b) in sorted(differ.items()))
             raise CheckpointError(f"Cannot resume from '{self.directory}': it belongs to "
                                   f"another run ({lines})")
+        return meta
+
+    def rank_file(self, epoch: int, rank: int) -> str:
+        return osp.join(self._epoch_dir(epoch), f"rank_{rank}.pt")
+
+    def described(self, epoch: int, rank: int) -> Dict[str, int]:
+        r"""The size and checksum the sidecar ``rank_{r}.pt.json`` records
+        for rank :obj:`rank`'s file of :obj:`epoch`; a missing file or
+        sidecar is refused (a file that cannot be checked is never read)."""
+        path = self.rank_file(epoch, rank)
+        if not osp.exists(path):
+            raise CheckpointError(f"Checkpoint file '{path}' is missing "
+                                  f"({LATEST} names epoch {epoch})")
+        if not osp.exists(path + ".json"):
+            raise CheckpointError(f"Checkpoint sidecar '{path}.json' is missing: '{path}' "
+                                  f"cannot be checked (copy both files, or train again)")
+        try:
+            described = read_json(path + ".json")
+        except (OSError, RuntimeError) as e:
+            raise CheckpointError(str(e)) from e
+        if not isinstance(described, dict) or not all(
+                isinstance(described.get(k), int) for k in ("bytes", "sum64")):
+            raise CheckpointError(f"'{path}.json' is corrupt: it describes no file")
+        return described
+
+    def verify(self, epoch: int, rank: int) -> None:
+        r"""Checks rank :obj:`rank`'s file of :obj:`epoch` against its
+        sidecar without unpickling it (what the launcher does before any
+        rank starts)."""
+        described = self.described(epoch, rank)
+        try:
+            verify(self.rank_file(epoch, rank), described)
+        except (OSError, RuntimeError) as e:
+            raise CheckpointError(str(e)) from e
+
+    def load(self) -> Dict[str, Any]:
+        r"""This rank's state of the latest complete checkpoint; raises
+        :class:`CheckpointError` if there is none, if it was written by a
+        run with another world size, graph or hyper-parameters, or if a
+        file or its sidecar is missing or corrupt."""
+        meta = self.latest()
         if self.world_size > 1:  # e.g. ranks given different directories
             epochs = torch.tensor([meta["epoch"], -meta["epoch"]], dtype=torch.long,
                                   device=device())
@@ -101,20 +143,11 @@ class Checkpointer:
                 raise CheckpointError(f"Ranks found different latest checkpoints (epochs "
                                       f"{-int(epochs[1])} to {int(epochs[0])}): is "
                                       f"'{self.directory}' the same directory on every node?")
-        path = osp.join(self._epoch_dir(meta["epoch"]), f"rank_{self.rank}.pt")
-        if not osp.exists(path):
-            raise CheckpointError(f"Checkpoint file '{path}' is missing "
-                                  f"({LATEST} names epoch {meta['epoch']})")
-        try:
-            with open(path + ".json") as f:
-                described = json.load(f)
-        except FileNotFoundError:  # written before checksums
-            described = None
-        except (OSError, json.JSONDecodeError) as e:
-            raise CheckpointError(f"Checkpoint index '{path}.json' is corrupt: {e}") from e
+        path = self.rank_file(meta["epoch"], self.rank)
+        described = self.described(meta["epoch"], self.rank)
         try:
             state = load_checked(path, described)
-        except RuntimeError as e:
+        except (OSError, RuntimeError) as e:
             raise CheckpointError(str(e)) from e
         if not isinstance(state, dict) or state.get("epoch") != meta["epoch"]:
             raise CheckpointError(f"'{path}' is not the checkpoint of epoch {meta['epoch']}")

@@ -1,10 +1,10 @@
 """``pyg-dist``: partition, inspect and train from the command line."""
 import argparse
-import functools
 import json
 import math
 import os
 import os.path as osp
+import re
 import sys
 from typing import List, Optional
 
@@ -345,19 +345,30 @@ def cmd_plot(args: argparse.Namespace) -> None:
 
 
 def cmd_predict(args: argparse.Namespace) -> None:
-    from pyg_dist.inference import predict
-    from pyg_dist.launch import run_ranks
-    from pyg_dist.train import load_model
-    model = load_model(args.model_dir)
-    run_ranks(functools.partial(predict, progress=True), (model, args.root, args.out),
-               args.root, None, args.timeout)
+    from pyg_dist.launch import run_prediction
+    run_prediction(args.root, args.model_dir, args.out, args.overwrite, args.timeout)
     if int(os.environ.get("RANK", 0)) == 0:
-        print(f"wrote per-rank predictions (n_id, pred) to {args.out}/pred_*.pt")
+        print(f"wrote per-rank predictions (n_id, pred) to {args.out}/pred_*.pt, listed "
+              f"with their checksums in {args.out}/predictions.json")
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
     from pyg_dist.demo import demo
     demo(args.workdir, nproc=args.nproc, epochs=args.epochs, num_nodes=args.num_nodes)
+
+
+def _negative_values_attached(argv: List[str]) -> List[str]:
+    r""":obj:`argv` with a value that starts with a minus sign joined to its
+    flag (``--fanout -1,-1,-1`` → ``--fanout=-1,-1,-1``): argparse reads only
+    plain negative numbers as values and takes the others for flags."""
+    out: List[str] = []
+    for arg in argv:
+        if (out and re.fullmatch(r"-\d[\d.,e+-]*", arg) and out[-1].startswith("--")
+                and "=" not in out[-1]):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -440,7 +451,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     p = sub.add_parser("predict", help="distributed full-graph inference of a trained model")
     p.add_argument("--root", required=True, help="partition directory")
     p.add_argument("--model-dir", required=True, help="the --out directory of a training run")
-    p.add_argument("--out", required=True, help="directory for pred_{rank}.pt")
+    p.add_argument("--out", required=True, help="directory for pred_{rank}.pt and "
+                   "predictions.json")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the predictions already in --out (without it, an --out "
+                        "that holds predictions is refused)")
     p.add_argument("--timeout", type=_positive(float, "--timeout"), default=DEFAULT_TIMEOUT)
     p.set_defaults(fn=cmd_predict)
 
@@ -452,10 +467,28 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--num-nodes", type=_positive(int, "--num-nodes"), default=None)
     p.set_defaults(fn=cmd_demo)
 
+    argv = _negative_values_attached(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.argv = argv
+    from pyg_dist.distributed import SpawnError
     try:
         args.fn(args)
+    except KeyboardInterrupt as e:  # Ctrl-C before the ranks, or a second signal
+        print(f"pyg-dist {args.command}: interrupted ({e or 'Ctrl-C'})", file=sys.stderr)
+        sys.exit(130)
+    except SpawnError as e:
+        # The root cause on one line; the ranks' tracebacks (dozens of lines,
+        # mostly the other ranks' lost connections) in a file it names.
+        import tempfile
+        try:
+            with tempfile.NamedTemporaryFile("w", prefix=f"pyg-dist-{args.command}-",
+                                             suffix=".log", delete=False) as log:
+                log.write(f"{e}\n")
+            where = f"(tracebacks of every rank: {log.name})"
+        except OSError:  # no writable temporary folder: show them here
+            where = e.details
+        print(f"pyg-dist {args.command}: error: {e.cause}\n{where}", file=sys.stderr)
+        sys.exit(1)
     except (ValueError, RuntimeError, FileNotFoundError, NotImplementedError) as e:
         print(f"pyg-dist {args.command}: error: {e}", file=sys.stderr)
         sys.exit(1)

@@ -86,12 +86,16 @@ class DistData(Data):
         r"""The part file :obj:`path` of the partitioning in :obj:`root`
         (whose ``meta.json`` is :obj:`meta`), refused unless its format
         version, graph hash, part count and the :obj:`expected` keys match."""
+        recorded = described(meta, osp.relpath(path, root))
+        if recorded is None:
+            raise CorruptFileError(f"'{osp.join(root, 'meta.json')}' records no checksum of "
+                                   f"'{path}': it cannot be checked (partition again)")
+        corrupt = None
         try:
-            item = load_checked(path, described(meta, osp.relpath(path, root)))
-        except CorruptFileError:
-            item = _readable(path)  # a whole file of another partitioning says so below
-            if not isinstance(item, dict) or all(item.get(k) == meta.get(k) for k in (
-                    "graph_hash", "partitioning_id", "num_parts")):
+            item = load_checked(path, recorded)
+        except CorruptFileError as e:
+            corrupt, item = e, _readable(path)  # a whole file of another partitioning
+            if not isinstance(item, dict):      # says so below
                 raise
         if not isinstance(item, dict):
             raise RuntimeError(f"'{path}' is not a pyg_dist partition file")
@@ -103,6 +107,8 @@ class DistData(Data):
                     f"'{path}' does not match '{osp.join(root, 'meta.json')}': "
                     f"{key} is {item.get(key)!r}, expected {value!r} "
                     f"(files from different partitionings mixed?)")
+        if corrupt is not None:  # of this partitioning, yet not the bytes it recorded
+            raise corrupt
         _validate(item, path)
         data = cls(**item)
         data.num_nodes = data.num_inner

@@ -12,8 +12,9 @@ import sys
 import threading
 import time
 import traceback
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -348,6 +349,22 @@ def _one_line(rank: int, report: str) -> str:
     return first if first.startswith(f"rank {rank} ") else f"rank {rank}: {first}"
 
 
+@contextmanager
+def _quiet_cpp_warnings() -> Iterator[None]:
+    r"""Processes started inside inherit ``TORCH_CPP_LOG_LEVEL=ERROR``
+    unless the user set a level: when rank 0 dies, c10d prints every other
+    rank's lost store connection as a warning with dozens of C++ frames,
+    which would bury the one-line error (errors still print)."""
+    if "TORCH_CPP_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    try:
+        yield
+    finally:
+        del os.environ["TORCH_CPP_LOG_LEVEL"]
+
+
 def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
           timeout: float = DEFAULT_TIMEOUT, join_timeout: Optional[float] = None,
           threads: Optional[int] = None) -> List[Any]:
@@ -391,8 +408,9 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
                              args=(r, nprocs, port, backend, timeout, threads, call, payload,
                                    results, os.getpid())) for r in range(nprocs)]
         try:
-            for p in procs:
-                p.start()
+            with _quiet_cpp_warnings():
+                for p in procs:
+                    p.start()
             break
         except (pickle.PicklingError, AttributeError, TypeError):
             if any(p.pid is not None for p in procs) or isinstance(payload, _ByValue):

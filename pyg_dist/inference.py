@@ -2,7 +2,7 @@ r"""Distributed full-graph inference: every rank predicts its own nodes."""
 import copy
 import os
 import os.path as osp
-from typing import Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -13,13 +13,17 @@ from tqdm import tqdm
 from pyg_dist.data import DistData
 from pyg_dist.distributed import device as default_device
 from pyg_dist.distributed import init
+from pyg_dist.integrity import CorruptFileError, load_checked, read_json, save_checked, save_json
 from pyg_dist.nn import distribute
+from pyg_dist.partition.book import read_meta
+
+MANIFEST = "predictions.json"
 
 
 @torch.no_grad()
 def predict(model: torch.nn.Module, root: str, out_dir: Optional[str] = None,
-            gather: bool = False, logits: bool = False,
-            progress: bool = False) -> Optional[Tensor]:
+            gather: bool = False, logits: bool = False, progress: bool = False,
+            source: Optional[Dict[str, Any]] = None) -> Optional[Tensor]:
     r"""Runs the trained plain PyG :obj:`model` on the whole graph, one
     partition of :obj:`root` per rank of the current process group (a world
     of one is created if none exists); no rank holds more than its partition.
@@ -28,7 +32,11 @@ def predict(model: torch.nn.Module, root: str, out_dir: Optional[str] = None,
     (positive logits), or the raw outputs with :obj:`logits`.
 
     * :obj:`out_dir`: each rank writes ``pred_{rank}.pt`` holding ``n_id``
-      (original node ids) and ``pred`` (one row per id).
+      (original node ids) and ``pred`` (one row per id), then rank 0
+      writes ``predictions.json``: the size and checksum of each of these
+      files, the partitioning they came from and the model's class with
+      :obj:`source` (e.g. where the model was read from);
+      :func:`load_predictions` reads them back checked.
     * :obj:`gather`: rank 0 returns the predictions of all nodes indexed by
       original id (other ranks return ``None``); only predictions travel.
 
@@ -55,8 +63,19 @@ def predict(model: torch.nn.Module, root: str, out_dir: Optional[str] = None,
     n_id = data.n_id[:data.num_inner]
     if out_dir is not None:
         os.makedirs(out_dir, exist_ok=True)
-        torch.save({"n_id": n_id.cpu(), "pred": pred.cpu()},
-                   osp.join(out_dir, f"pred_{rank}.pt"))
+        name = f"pred_{rank}.pt"
+        described = save_checked({"n_id": n_id.cpu(), "pred": pred.cpu()},
+                                 osp.join(out_dir, name))
+        files = [None] * dist.get_world_size() if rank == 0 else None
+        dist.gather_object((name, described), files, dst=0)
+        if rank == 0:  # the manifest last: it names only complete files of this call
+            meta = read_meta(root)
+            save_json({"files": dict(files),
+                       "partitioning": {"root": osp.abspath(root), **{
+                           k: meta.get(k) for k in ("graph_hash", "partitioning_id",
+                                                    "num_parts", "num_nodes")}},
+                       "model": {"class": type(model).__name__, **(source or {})}},
+                      osp.join(out_dir, MANIFEST))
     if not gather:
         return None
     parts = [None] * dist.get_world_size() if rank == 0 else None
@@ -68,3 +87,34 @@ def predict(model: torch.nn.Module, root: str, out_dir: Optional[str] = None,
     for ids, rows in parts:
         result[ids] = rows
     return result
+
+
+def prediction_files(out_dir: str) -> List[str]:
+    r"""The files of earlier predictions in :obj:`out_dir` (``pred_*.pt``
+    and the manifest), which a new prediction there would mix with its own."""
+    if not osp.isdir(out_dir):
+        return []
+    return sorted(name for name in os.listdir(out_dir) if name == MANIFEST or (
+        name.startswith("pred_") and name.endswith((".pt", ".pt.tmp"))))
+
+
+def load_predictions(out_dir: str) -> Tuple[Tensor, Tensor]:
+    r"""``(n_id, pred)`` of every node :func:`predict` wrote to
+    :obj:`out_dir` (the files ``predictions.json`` lists, each checked
+    against its size and checksum), in the order of its ranks."""
+    path = osp.join(out_dir, MANIFEST)
+    if not osp.exists(path):
+        raise FileNotFoundError(f"'{path}' does not exist: '{out_dir}' holds no complete "
+                                f"predictions")
+    manifest = read_json(path)
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not files:
+        raise CorruptFileError(f"'{path}' is corrupt: it lists no prediction file")
+    n_ids, preds = [], []
+    for name, described in files.items():  # in rank order, as predict wrote them
+        if not isinstance(described, dict) or set(described) != {"bytes", "sum64"}:
+            raise CorruptFileError(f"'{path}' is corrupt: no size and checksum of '{name}'")
+        item = load_checked(osp.join(out_dir, name), described)
+        n_ids.append(item["n_id"])
+        preds.append(item["pred"])
+    return torch.cat(n_ids), torch.cat(preds)

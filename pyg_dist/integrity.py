@@ -4,9 +4,13 @@ reaches a kernel.
 
 A file is written whole or not at all (temporary file, then rename) and
 described by ``{"bytes": size, "sum64": checksum}``, which the writer keeps
-in its index (a partitioning's ``meta.json``, a checkpoint's sidecar). The
-reader checks the description against the bytes it read, then unpickles
-them with ``weights_only=True`` (no code ever runs).
+in its index (a partitioning's ``meta.json``, a checkpoint's sidecar,
+``model.json``, ``predictions.json``). The reader checks the description
+against the bytes it read, then unpickles them with ``weights_only=True``
+(no code ever runs); :func:`verify` checks without unpickling (the
+launcher's checks before any rank starts). An index that is not UTF-8
+JSON, or a file that cannot be read, is refused in one line naming it
+(:func:`read_json`, :func:`read_bytes`).
 
 The checksum is :func:`sum64`, chosen for speed: ~20 GB/s with NumPy, where
 zlib's CRC32 runs at ~3 GB/s and added 30% to loading a 150 MiB part file
@@ -28,6 +32,11 @@ Description = Dict[str, int]
 
 class CorruptFileError(RuntimeError):
     r"""A file whose bytes are not those its index describes."""
+
+
+class UnreadableFileError(RuntimeError):
+    r"""A file that exists but cannot be read (no permission, a directory):
+    its bytes were never seen, so nothing is said about them."""
 
 
 def sum64(payload) -> int:
@@ -65,22 +74,59 @@ def save_json(obj: Any, path: str) -> None:
     os.replace(path + ".tmp", path)
 
 
-def load_checked(path: str, expected: Optional[Description] = None) -> Any:
-    r"""Reads :obj:`path`, refusing it unless its size and checksum match
-    :obj:`expected` (``None``: a file written before checksums, only
-    unpickled safely)."""
+def read_bytes(path: str) -> bytes:
+    r"""The bytes of :obj:`path`; a missing file raises
+    :class:`FileNotFoundError`, one that cannot be read
+    :class:`UnreadableFileError` saying why, both naming it."""
     try:
         with open(path, "rb") as f:
-            payload = f.read()
+            return f.read()
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"'{path}' does not exist") from e
+    except PermissionError as e:
+        raise UnreadableFileError(f"cannot read '{path}': permission denied") from e
+    except IsADirectoryError as e:
+        raise UnreadableFileError(f"cannot read '{path}': it is a directory") from e
     except OSError as e:
-        raise CorruptFileError(f"Cannot read '{path}': {e}") from e
+        raise UnreadableFileError(f"cannot read '{path}': {e.strerror or e}") from e
+
+
+def check_bytes(path: str, payload, expected: Description) -> None:
+    r"""Refuses :obj:`payload` (the bytes read from :obj:`path`) unless its
+    size and checksum are those of :obj:`expected`."""
+    if len(payload) != expected["bytes"]:
+        raise CorruptFileError(f"'{path}' is corrupt, truncated or of another run: "
+                               f"{len(payload)} bytes, its index says {expected['bytes']}")
+    if sum64(payload) != expected["sum64"]:
+        raise CorruptFileError(f"'{path}' is corrupt or of another run: its checksum "
+                               f"differs from the one its index records")
+
+
+def verify(path: str, expected: Description) -> None:
+    r"""Checks that :obj:`path` holds the bytes :obj:`expected` describes,
+    without unpickling them (what a launcher can do before any rank
+    starts: reading and :func:`sum64` run at disk speed)."""
+    check_bytes(path, read_bytes(path), expected)
+
+
+def read_json(path: str) -> Any:
+    r"""The JSON value in :obj:`path` (an index: ``meta.json``,
+    ``latest.json``, ``model.json``, a sidecar); bytes that are not UTF-8
+    JSON raise :class:`CorruptFileError` naming the file."""
+    payload = read_bytes(path)
+    try:
+        return json.loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorruptFileError(f"'{path}' is corrupt: not UTF-8 JSON ({e})") from e
+
+
+def load_checked(path: str, expected: Optional[Description] = None) -> Any:
+    r"""Reads :obj:`path`, refusing it unless its size and checksum match
+    :obj:`expected` (``None``: only unpickled safely, for callers that
+    check the contents themselves)."""
+    payload = read_bytes(path)
     if expected is not None:
-        if len(payload) != expected["bytes"]:
-            raise CorruptFileError(f"'{path}' is corrupt, truncated or of another run: "
-                                   f"{len(payload)} bytes, its index says {expected['bytes']}")
-        if sum64(payload) != expected["sum64"]:
-            raise CorruptFileError(f"'{path}' is corrupt or of another run: its checksum "
-                                   f"differs from the one its index records")
+        check_bytes(path, payload, expected)
     try:
         return torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
     except Exception as e:  # torch raises several types for bad archives

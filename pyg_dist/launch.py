@@ -1,5 +1,6 @@
 r"""Running a function on every rank: under ``torchrun`` in this process,
 else in spawned local ranks (one per partition by default)."""
+import functools
 import os
 from typing import Any, Callable, Optional
 
@@ -14,11 +15,42 @@ from pyg_dist.partition.book import read_meta
 def run_training(root: str, config, out: Optional[str], nproc: Optional[int] = None,
                  timeout: float = DEFAULT_TIMEOUT) -> dict:
     r""":func:`~pyg_dist.train.train` on every rank (see :func:`run_ranks`);
-    the config is validated before any rank starts. Returns rank 0's
-    summary (under torchrun: this rank's)."""
+    the config is validated, and the files, world size and folders checked
+    (:func:`~pyg_dist.preflight.check_training`), before any rank starts.
+    With ``config.overwrite`` the old run in :obj:`out` is removed only
+    once every rank has read its inputs. Returns rank 0's summary (under
+    torchrun: this rank's)."""
+    from pyg_dist.preflight import check_training
     from pyg_dist.train import train
     config.validate()
+    check_training(root, config, out, nproc)
     return run_ranks(train, (root, config, out), root, nproc, timeout)
+
+
+def run_prediction(root: str, model_dir: str, out: str, overwrite: bool = False,
+                   timeout: float = DEFAULT_TIMEOUT, progress: bool = True) -> None:
+    r""":func:`~pyg_dist.inference.predict` of the model trained into
+    :obj:`model_dir` on every rank (one per partition of :obj:`root`),
+    writing into :obj:`out`. The partition, the model's files and width and
+    :obj:`out` are checked first (:func:`~pyg_dist.preflight.check_prediction`);
+    with :obj:`overwrite`, earlier predictions in :obj:`out` are removed
+    then, before any rank joins the group."""
+    from pyg_dist.inference import predict, prediction_files
+    from pyg_dist.preflight import check_prediction
+    from pyg_dist.train import load_model
+    spec = check_prediction(root, model_dir, out, overwrite)
+    model = load_model(model_dir)
+    # One process per node removes (every node may hold an --out): no rank writes
+    # before every rank has joined the group, so none of this run's files goes.
+    if overwrite and int(os.environ.get("LOCAL_RANK", 0)) == 0:
+        for name in prediction_files(out):
+            try:
+                os.remove(os.path.join(out, name))
+            except FileNotFoundError:  # another node's process, on a shared folder
+                pass
+    source = {"model_dir": os.path.abspath(model_dir), "model.pt": spec["files"]["model.pt"]}
+    run_ranks(functools.partial(predict, progress=progress, source=source),
+              (model, root, out), root, None, timeout)
 
 
 def run_ranks(fn: Callable, fn_args: tuple, root: str, nproc: Optional[int] = None,

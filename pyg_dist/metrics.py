@@ -12,6 +12,7 @@ from torch import Tensor
 from pyg_dist.datasets.real import f1_counts
 from pyg_dist.deprecation import renamed
 from pyg_dist.distributed import gather_over_ranks, max_over_ranks, sum_over_ranks
+from pyg_dist.integrity import save_checked, save_json
 
 
 def reset_peak_memory(device: torch.device = torch.device("cpu")) -> None:
@@ -183,7 +184,8 @@ def _mean_of_known(values: List[Optional[float]]) -> Optional[float]:
 
 class MetricsWriter:
     r"""Writes ``metrics.jsonl``, ``summary.json``, ``model.pt`` and
-    ``model.json`` (how to rebuild the model) into an output directory."""
+    ``model.json`` (how to rebuild the model, and the size and checksum of
+    ``model.pt``) into an output directory."""
 
     def __init__(self, out_dir: str, history: Sequence[Dict[str, Any]] = ()) -> None:
         os.makedirs(out_dir, exist_ok=True)
@@ -201,10 +203,11 @@ class MetricsWriter:
         self.file.close()
         with open(osp.join(self.out_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=1)
-        torch.save(model.state_dict(), osp.join(self.out_dir, "model.pt"))
-        with open(osp.join(self.out_dir, "model.json"), "w") as f:
-            json.dump({"config": summary["config"], "in_channels": in_channels,
-                       "out_channels": out_channels}, f, indent=1)
+        # model.json last: it describes model.pt, which load_model verifies
+        described = save_checked(model.state_dict(), osp.join(self.out_dir, "model.pt"))
+        save_json({"config": summary["config"], "in_channels": in_channels,
+                   "out_channels": out_channels, "files": {"model.pt": described}},
+                  osp.join(self.out_dir, "model.json"))
 
 
 # Moved down to the communication layer (one release of warnings).

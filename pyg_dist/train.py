@@ -27,6 +27,7 @@ from pyg_dist.config import (MODELS, TAKES_ADJ_T, TrainConfig, build_model,  # n
 from pyg_dist.data import DistData
 from pyg_dist.distributed import device as default_device
 from pyg_dist.distributed import init, max_over_ranks, stop_requested
+from pyg_dist.integrity import CorruptFileError, load_checked, read_json
 from pyg_dist.loader import LOADERS, Loader, LoaderInputs, TrainBatch, build_loader
 from pyg_dist.loader import loader_options
 from pyg_dist.nn import distribute
@@ -36,6 +37,7 @@ from pyg_dist.metrics import (MASKS, MetricsWriter, correct_counts, accuracies, 
                               reset_peak_memory, summarize)
 from pyg_dist.partition.book import read_meta
 from pyg_dist.sampler import build_sampler
+from pyg_dist.utils.sparse import valid_sparse
 
 
 def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict[str, Any]:
@@ -53,7 +55,7 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     """
     config.validate()
     init()
-    claim_out_dir(out_dir, config)
+    old_run = claim_out_dir(out_dir, config)
     rank, world = dist.get_rank(), dist.get_world_size()
     device = default_device()
     checkpoints = checkpointer(root, config, out_dir, world)
@@ -81,6 +83,7 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
         ctx = _distribute(model, data, config, inputs)
         stateful.update(sampler=inputs.sampler, cache=ctx.cache)
     loader = stateful["loader"] = build_loader(config.loader, inputs, **config.loader_args)
+    remove_old_run(out_dir, old_run)  # every rank has read its inputs
     params, optimizer, writer, epochs, history = training_loop_parts(
         model, config, out_dir, f"train {config.model} x{world}"
         + ("" if config.loader == "full" else f" ({config.loader})"), stateful, resumed)
@@ -305,20 +308,30 @@ RUN_FILES = ("metrics.jsonl", "summary.json", "model.pt", "model.json", "checkpo
              "curves.png", "time_breakdown.png", "memory.png")
 
 
-def claim_out_dir(out_dir: Optional[str], config: TrainConfig) -> None:
+def claim_out_dir(out_dir: Optional[str], config: TrainConfig) -> List[str]:
     r"""Refuses an :obj:`out_dir` that holds a run unless the config
-    resumes it or overwrites it; on overwrite rank 0 removes the old run's
-    files first (before any collective, so before any rank writes)."""
+    resumes it or overwrites it; returns the old run's files that
+    overwriting removes (:func:`remove_old_run`, once the new run has
+    read its inputs)."""
     if out_dir is None or not osp.isdir(out_dir):
-        return
+        return []
     found = [f for f in RUN_FILES if osp.exists(osp.join(out_dir, f))]
     if not found or config.resume:
-        return
+        return []
     if not config.overwrite:
         raise FileExistsError(f"'{out_dir}' holds a run ({', '.join(found)}): pass --resume "
                               f"to continue it or --overwrite to replace it")
+    return found
+
+
+def remove_old_run(out_dir: Optional[str], names: List[str]) -> None:
+    r"""Rank 0 removes the files :func:`claim_out_dir` found, after a
+    barrier: every rank has read and checked its inputs (a run refused for
+    a bad file leaves the old run whole), and none has written yet."""
+    if dist.get_world_size() > 1:
+        dist.barrier()
     if dist.get_rank() == 0:
-        for name in found:
+        for name in names:
             path = osp.join(out_dir, name)
             shutil.rmtree(path) if osp.isdir(path) else os.remove(path)
 
@@ -438,14 +451,47 @@ def training_loop_parts(model: torch.nn.Module, config: TrainConfig,
     return params, optimizer, writer, epochs, history
 
 
+def model_spec(out_dir: str) -> Dict[str, Any]:
+    r"""``model.json`` of the training run in :obj:`out_dir`: the config,
+    the widths and the description of ``model.pt``; refused in one line
+    naming the file if it is missing, unreadable or incomplete."""
+    path = osp.join(out_dir, "model.json")
+    if not osp.exists(path):
+        raise FileNotFoundError(f"'{path}' does not exist: '{out_dir}' holds no trained "
+                                f"model (the --out folder of a finished training run)")
+    spec = read_json(path)
+    if not isinstance(spec, dict) or not isinstance(spec.get("config"), dict) or not all(
+            isinstance(spec.get(k), int) for k in ("in_channels", "out_channels")):
+        raise CorruptFileError(f"'{path}' is corrupt: it lacks config, in_channels or "
+                               f"out_channels")
+    described = spec.get("files", {}).get("model.pt") if isinstance(
+        spec.get("files"), dict) else None
+    if not isinstance(described, dict) or not all(
+            isinstance(described.get(k), int) for k in ("bytes", "sum64")):
+        raise CorruptFileError(f"'{path}' records no checksum of model.pt: model.pt cannot "
+                               f"be checked (train again to write both)")
+    return spec
+
+
 def load_model(out_dir: str) -> torch.nn.Module:
     r"""Rebuilds a trained model as a plain PyG model (any number of
-    partitions, or none); distribute it again for distributed inference."""
-    with open(osp.join(out_dir, "model.json")) as f:
-        spec = json.load(f)
+    partitions, or none); distribute it again for distributed inference.
+    ``model.pt`` is refused unless its size and checksum are those
+    ``model.json`` records."""
+    spec = model_spec(out_dir)
     model = build_model(TrainConfig.from_dict(spec["config"]), spec["in_channels"],
                         spec["out_channels"])
-    model.load_state_dict(torch.load(osp.join(out_dir, "model.pt"), weights_only=True))
+    path = osp.join(out_dir, "model.pt")
+    if not osp.exists(path):
+        raise FileNotFoundError(f"'{path}' does not exist ('{out_dir}/model.json' "
+                                f"describes it)")
+    state = load_checked(path, spec["files"]["model.pt"])
+    try:
+        model.load_state_dict(state)
+    except (RuntimeError, TypeError, AttributeError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CorruptFileError(f"'{path}' does not fit the model '{out_dir}/model.json' "
+                               f"describes ({first})") from e
     return model
 
 
@@ -491,4 +537,6 @@ def train_single_process(data: Data, config: TrainConfig):
 
 
 def _adj_t(data: Data) -> Tensor:
-    return to_torch_csr_tensor(data.edge_index.flip(0), size=(data.num_nodes, data.num_nodes))
+    with valid_sparse():  # built from the graph's own edge_index
+        return to_torch_csr_tensor(data.edge_index.flip(0),
+                                   size=(data.num_nodes, data.num_nodes))

@@ -33,7 +33,7 @@ def test_partition_info_train(tmp_path):
     assert len(rows[-1]["peak_mem_per_rank"]) == 2
     pred = str(tmp_path / "pred")
     run("predict", "--root", root, "--model-dir", out, "--out", pred)
-    assert sorted(os.listdir(pred)) == ["pred_0.pt", "pred_1.pt"]
+    assert sorted(os.listdir(pred)) == ["pred_0.pt", "pred_1.pt", "predictions.json"]
     assert all(METRIC_KEYS <= set(r) for r in rows)
     assert rows[-1]["world_size"] == 2 and rows[-1]["bytes_sent"] > 0
     summary = json.load(open(os.path.join(out, "summary.json")))

@@ -168,13 +168,17 @@ def test_cost_constants_file(tmp_path):
 
 
 def test_batches_file_keeps_the_cost_model(tmp_path):
+    import pyg_dist
     from pyg_dist.loader import load_batch_cost, load_batches, save_batches
-    batch_of = torch.tensor([0, 1, -1, 0])
+    from tests.conftest import small_graph
+    data = small_graph(60)
+    pyg_dist.partition_graph(data, 1, root=str(tmp_path))  # batches live beside parts
+    batch_of = torch.where(data.train_mask, torch.arange(60) % 2, -1)
     cost = CostModel.calibrate([4, 8, 2], rows=64, repeats=1)
     save_batches(str(tmp_path), batch_of, cost)
     assert torch.equal(load_batches(str(tmp_path)), batch_of)
     assert load_batch_cost(str(tmp_path)) == cost
-    torch.save({"batch_of": batch_of}, tmp_path / "batches.pt")  # written by older releases
+    save_batches(str(tmp_path), batch_of)  # batches of no known cost model
     assert torch.equal(load_batches(str(tmp_path)), batch_of)
     assert load_batch_cost(str(tmp_path)) is None
 

@@ -69,10 +69,11 @@ def test_files_of_the_previous_release_load_silently(tmp_path, recwarn):
     assert upgrade(old)["loader_args"] == {"fanout": [5, 5, 5]}
     from pyg_dist.train import load_model
     model = build_model(TrainConfig(hidden=8), 4, 3)
+    from pyg_dist.integrity import save_checked
+    described = save_checked(model.state_dict(), str(tmp_path / "model.pt"))
     (tmp_path / "model.json").write_text(json.dumps({"config": old, "in_channels": 4,
-                                                     "out_channels": 3}))
-    import torch
-    torch.save(model.state_dict(), tmp_path / "model.pt")
+                                                     "out_channels": 3,
+                                                     "files": {"model.pt": described}}))
     assert load_model(str(tmp_path)).state_dict().keys() == model.state_dict().keys()
     assert not [w for w in recwarn if issubclass(w.category, DeprecationWarning)
                 and "pyg_dist" in str(w.message)]

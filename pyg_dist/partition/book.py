@@ -1,6 +1,5 @@
 """The partition book: which global ids each part owns, and the on-disk
 metadata that every rank checks before it trusts a partition file."""
-import json
 import os
 import os.path as osp
 from dataclasses import dataclass, field
@@ -9,7 +8,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch import Tensor
 
-from pyg_dist.integrity import load_checked, save_checked, save_json
+from pyg_dist.integrity import CorruptFileError, load_checked, read_json, save_checked, save_json
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
@@ -103,11 +102,10 @@ def read_meta(root: str) -> Dict[str, Any]:
             f"No partition metadata at '{path}': '{root}' is not a partition "
             f"directory (create one with pyg_dist.partition_graph() or "
             f"'pyg-dist partition')")
-    try:
-        with open(path) as f:
-            meta = json.load(f)
-    except json.JSONDecodeError as e:
-        raise RuntimeError(f"Partition metadata '{path}' is corrupt: {e}") from e
+    meta = read_json(path)
+    if not isinstance(meta, dict):
+        raise CorruptFileError(f"'{path}' is corrupt: not a partition's metadata "
+                               f"(a JSON {type(meta).__name__}, not an object)")
     if meta.get("format_version") != FORMAT_VERSION:
         raise RuntimeError(
             f"Partition format version {meta.get('format_version')} in '{path}' "
@@ -117,6 +115,15 @@ def read_meta(root: str) -> Dict[str, Any]:
 
 def described(meta: Dict[str, Any], name: str) -> Optional[Dict[str, int]]:
     r"""The size and checksum ``meta.json`` records for file :obj:`name`
-    (``None`` for partitionings written before checksums)."""
+    (``None`` where it records none)."""
     return meta.get("files", {}).get(name)
+
+
+def add_files(root: str, descriptions: Dict[str, Dict[str, int]]) -> None:
+    r"""Records :obj:`descriptions` (file name relative to :obj:`root` →
+    size and checksum) of files written next to the partitions after them
+    (the cohesive batches, the balanced batch parts) in ``meta.json``."""
+    meta = read_meta(root)
+    meta["files"] = {**meta.get("files", {}), **descriptions}
+    save_json(meta, osp.join(root, META_FILE))
 

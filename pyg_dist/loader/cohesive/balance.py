@@ -11,8 +11,9 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from pyg_dist.data import DistData
+from pyg_dist.integrity import save_checked
 from pyg_dist.loader.cohesive.cost import HopGraph
-from pyg_dist.partition.book import read_meta
+from pyg_dist.partition.book import add_files, read_meta
 from pyg_dist.partition.partition import build_parts
 
 BATCH_PARTS_DIR = "batch_parts"
@@ -117,7 +118,8 @@ def save_batch_parts(root: str, data: Data, graph: HopGraph, batch_of: Tensor,
     by :obj:`rule`)
     as a partition of that graph (inner nodes, halo, exchange plan, input
     features of its inner nodes, ``batch_mask`` of its batch nodes),
-    with the whole graph's degrees. Returns each batch's per-rank work.
+    with the whole graph's degrees, each described (size and checksum) in
+    ``meta.json``. Returns each batch's per-rank work.
 
     Every rank then holds the input features of the nodes it computes in
     any batch, as in CM-GCN: up to :math:`M` copies of a row, the price of
@@ -131,7 +133,7 @@ def save_batch_parts(root: str, data: Data, graph: HopGraph, batch_of: Tensor,
     has_loop = torch.zeros(data.num_nodes, dtype=torch.bool)
     has_loop[dst[src == dst]] = True
     node_keys = [k for k in data.keys() if data.is_node_attr(k) and k != "edge_index"]
-    loads = []
+    loads, described = [], {}
     for b in range(int(batch_of.max()) + 1):
         batch = (batch_of == b).nonzero().view(-1)
         nodes, work, rank, load = split_batch(graph, batch, owner, num_parts, tolerance, rule)
@@ -151,7 +153,9 @@ def save_batch_parts(root: str, data: Data, graph: HopGraph, batch_of: Tensor,
             item.update(n_id=original, deg_in=deg_in[original], has_loop=has_loop[original],
                         batch_index=b, num_layers=graph.cost.num_layers,
                         graph_hash=graph_hash)
-            torch.save(item, batch_part_file(root, b, r))
+            path = batch_part_file(root, b, r)
+            described[osp.relpath(path, root)] = save_checked(item, path)
+    add_files(root, described)  # DistData.read checks every part against it
     return loads
 
 

@@ -12,9 +12,17 @@ import torch
 from torch import Tensor
 from torch_geometric.utils import spmm
 
+from pyg_dist.integrity import CorruptFileError, read_json, save_json, sum64
 from pyg_dist.utils.sparse import csr
 
 CONSTANTS = ("alpha", "beta", "gamma", "eta", "lam")
+
+
+def _values_sum64(item: Dict[str, Any]) -> int:
+    r""":func:`~pyg_dist.integrity.sum64` of :obj:`item` as compact JSON with
+    sorted keys: the same for the values :meth:`CostModel.save` wrote and
+    those JSON reads back (floats round-trip exactly), whatever the layout."""
+    return sum64(json.dumps(item, sort_keys=True, separators=(",", ":")).encode())
 
 # How each model kind of ``pyg-dist train --model`` aggregates, and the
 # weight matrices one node meets per layer as (rows, cols) of
@@ -146,10 +154,12 @@ class CostModel:
                    **values)
 
     def save(self, path: str) -> str:
-        r"""Writes :meth:`to_dict` as JSON to :obj:`path`."""
+        r"""Writes :meth:`to_dict` as JSON to :obj:`path` with ``sum64``,
+        the checksum of its values (:func:`_values_sum64`) that
+        :meth:`load` verifies."""
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(self.to_dict(), f, indent=1)
+        item = self.to_dict()
+        save_json({**item, "sum64": _values_sum64(item)}, path)
         return path
 
     @classmethod
@@ -157,16 +167,27 @@ class CostModel:
         r"""The constants of a JSON file written by :meth:`save` (e.g.
         measured on the machine or GPU that will train), with the widths
         :obj:`dims` when given; a missing, unreadable or invalid file raises
-        :class:`FileNotFoundError` or :class:`ValueError` naming it."""
+        :class:`FileNotFoundError`, :class:`~pyg_dist.integrity.UnreadableFileError`
+        or :class:`ValueError` naming it, and one whose values do not match
+        its checksum (or that has none) :class:`~pyg_dist.integrity.CorruptFileError`."""
         if not os.path.isfile(path):
             raise FileNotFoundError(f"cost constants file '{path}' does not exist (write one "
                                     f"with pyg-dist calibrate --out FILE)")
         try:
-            with open(path) as f:
-                item = json.load(f)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"cost constants file '{path}' is not readable JSON ({e})") from e
-        return cls.from_dict(item, dims, where=f"cost constants file '{path}'")
+            item = read_json(path)
+        except CorruptFileError as e:
+            raise ValueError(f"cost constants file '{path}' is not readable JSON "
+                             f"({e.__cause__})") from e
+        where = f"cost constants file '{path}'"
+        cost = cls.from_dict(item, dims, where=where)  # names a missing or bad field first
+        values = {k: v for k, v in item.items() if k != "sum64"}
+        if "sum64" not in item:
+            raise CorruptFileError(f"{where} holds no checksum (sum64): it cannot be checked "
+                                   f"(write it with pyg-dist calibrate --out FILE)")
+        if item["sum64"] != _values_sum64(values):
+            raise CorruptFileError(f"{where} is corrupt or was edited: its values differ "
+                                   f"from those its checksum (sum64) records")
+        return cost
 
     def describe(self) -> str:
         r"""One line: the constants, :math:`\alpha / \beta` and where they

@@ -10,7 +10,7 @@ from torch import Tensor
 from pyg_dist.comm.stats import CommStats
 from pyg_dist.data import DistData
 from pyg_dist.distributed import sum_over_ranks
-from pyg_dist.integrity import load_checked
+from pyg_dist.integrity import CorruptFileError, load_checked, save_checked
 from pyg_dist.loader.base import Loader, LoaderInputs
 from pyg_dist.loader.batch import TrainBatch
 from pyg_dist.loader.cohesive.balance import (BATCH_PARTS_DIR, has_batch_parts,
@@ -18,6 +18,8 @@ from pyg_dist.loader.cohesive.balance import (BATCH_PARTS_DIR, has_batch_parts,
 from pyg_dist.loader.cohesive.batch_partition import cohesive_batches
 from pyg_dist.loader.cohesive.batch_plan import BatchGraph, batch_subgraph, sample_layers
 from pyg_dist.loader.cohesive.cost import MODEL_KINDS, CostModel, HopGraph
+from pyg_dist.partition.book import META_FILE, add_files, read_meta
+from pyg_dist.partition.book import described as described_in
 from pyg_dist.sampler import BoundarySampler
 
 BATCHES_FILE = "batches.pt"
@@ -26,25 +28,65 @@ BATCHES_FILE = "batches.pt"
 def save_batches(root: str, batch_of: Tensor, cost: Optional[CostModel] = None) -> str:
     r"""Stores the batch of every node (original ids; ``-1``: in no batch)
     next to the partitions in :obj:`root`, with the cost model the batches
-    minimise (its widths and constants, :func:`load_batch_cost`)."""
+    minimise (its widths and constants, :func:`load_batch_cost`), and
+    records its size and checksum in ``meta.json``."""
+    read_meta(root)  # a partition directory, before anything is written
     path = osp.join(root, BATCHES_FILE)
     item = {"batch_of": batch_of.long().cpu()}
     if cost is not None:
         item["cost"] = cost.to_dict()
-    torch.save(item, path)
     shutil.rmtree(osp.join(root, BATCH_PARTS_DIR), ignore_errors=True)  # of older batches
+    add_files(root, {BATCHES_FILE: save_checked(item, path)})
     return path
 
 
 def _read_batches(root: str) -> dict:
+    r"""``batches.pt`` of :obj:`root`, checked against the size and
+    checksum ``meta.json`` records, and its batches against the graph: one
+    entry per node, batch ids ``0..M-1`` with none empty, and as many
+    nodes in batches as training nodes."""
     path = osp.join(root, BATCHES_FILE)
+    meta = read_meta(root)
     if not osp.exists(path):
         raise FileNotFoundError(f"'{path}' is missing: compute the batches with "
                                 f"pyg_dist.loader.cohesive_batches and save_batches")
-    item = load_checked(path)
-    if not isinstance(item, dict) or not isinstance(item.get("batch_of"), Tensor):
-        raise RuntimeError(f"'{path}' is not a pyg_dist batch file")
+    described = described_in(meta, BATCHES_FILE)
+    if described is None:
+        raise CorruptFileError(f"'{osp.join(root, META_FILE)}' records no checksum of "
+                               f"'{path}': it cannot be checked (write the batches again "
+                               f"with pyg-dist partition --num-batches M)")
+    item = load_checked(path, described)
+    batch_of = item.get("batch_of") if isinstance(item, dict) else None
+    if not isinstance(batch_of, Tensor):
+        raise CorruptFileError(f"'{path}' is not a pyg_dist batch file")
+    parts = meta.get("parts", [])
+    num_train = (sum(s["num_train"] for s in parts)
+                 if parts and all("num_train" in s for s in parts) else None)
+    check_batches(batch_of, meta["num_nodes"], num_train, path)
     return item
+
+
+def check_batches(batch_of: Tensor, num_nodes: int, num_train: Optional[int],
+                  where: str) -> None:
+    r"""Refuses, naming :obj:`where`, a :obj:`batch_of` that does not hold
+    one batch id (or ``-1``) per node of a :obj:`num_nodes`-node graph,
+    whose ids are not ``0..M-1`` with every batch non-empty, or (given
+    :obj:`num_train`) whose batches do not hold that many nodes."""
+    def bad(what: str):
+        return CorruptFileError(f"'{where}' is corrupt: {what}")
+
+    if batch_of.dtype != torch.long or batch_of.dim() != 1 or batch_of.numel() != num_nodes:
+        raise bad(f"batch_of is not one int64 entry per node ({num_nodes} nodes)")
+    assigned = batch_of[batch_of >= 0]
+    if int(batch_of.min()) < -1 or assigned.numel() == 0:
+        raise bad("batch ids below -1, or no node in a batch")
+    sizes = torch.bincount(assigned)
+    if bool((sizes == 0).any()):
+        raise bad(f"batch ids run to {sizes.numel() - 1} but batch "
+                  f"{int((sizes == 0).nonzero()[0])} holds no node")
+    if num_train is not None and assigned.numel() != num_train:
+        raise bad(f"its batches hold {assigned.numel()} nodes, the graph has {num_train} "
+                  f"training nodes")
 
 
 def load_batches(root: str) -> Tensor:
@@ -55,7 +97,10 @@ def load_batch_cost(root: str) -> Optional[CostModel]:
     r"""The cost model the stored batches minimise (widths, constants and
     where they were measured); ``None`` for batch files written before
     they held one."""
-    item = _read_batches(root)
+    return _cost_of(_read_batches(root), root)
+
+
+def _cost_of(item: dict, root: str) -> Optional[CostModel]:
     if "cost" not in item:
         return None
     return CostModel.from_dict(item["cost"], where=f"'{osp.join(root, BATCHES_FILE)}'")
@@ -226,10 +271,18 @@ class CohesiveBatchLoader(Loader):
     @classmethod
     def from_inputs(cls, inputs: LoaderInputs) -> "CohesiveBatchLoader":
         root = inputs.root
-        return cls(inputs.data, load_batches(root), len(inputs.context.layer_index),
-                   seed=inputs.seed, stats=inputs.stats, sampler=inputs.make_sampler,
-                   balanced_root=root if has_batch_parts(root) else None,
-                   cost=load_batch_cost(root))
+        item = _read_batches(root)
+        loader = cls(inputs.data, item["batch_of"], len(inputs.context.layer_index),
+                     seed=inputs.seed, stats=inputs.stats, sampler=inputs.make_sampler,
+                     balanced_root=root if has_batch_parts(root) else None,
+                     cost=_cost_of(item, root))
+        train_mask = getattr(inputs.data, "train_mask", None)
+        if train_mask is not None and not torch.equal(loader.batch_of >= 0,
+                                                      train_mask.to(loader.batch_of.device)):
+            raise CorruptFileError(f"'{osp.join(root, BATCHES_FILE)}' does not fit the "
+                                   f"partition: the nodes in its batches are not rank "
+                                   f"{inputs.data.rank}'s training nodes")
+        return loader
 
     def batch(self, index: int) -> TrainBatch:
         if index not in self._graphs:  # a collective: all ranks build it in step

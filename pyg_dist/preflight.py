@@ -1,0 +1,222 @@
+r"""Everything the launcher can check before it starts a rank.
+
+:func:`check_training` (``pyg-dist train``, :func:`~pyg_dist.launch.run_training`)
+and :func:`check_prediction` (``pyg-dist predict``) look at what a run will
+read and write before any rank exists: ``meta.json``; every part file the
+run reads (and ``train_graph/``'s for inductive training, ``batches.pt``
+and the balanced batch parts for the cohesive loader) against the size
+and checksum ``meta.json`` records; the world size against the number of parts; that the output
+folders can be created and written; for a resumed run ``latest.json``
+(the run's identity) and every rank's checkpoint file against its
+sidecar; that the graph has training nodes; for a prediction the model's
+files and its input width. Every problem is one line naming the file or
+flag and what is wrong; all of them are raised together as one
+:class:`PreflightError`.
+
+Files are read and checksummed (:func:`~pyg_dist.integrity.verify`), never
+unpickled, so the checks cost about one read of the files. Under
+``torchrun`` each rank runs them for its own files before it joins the
+group.
+"""
+import os
+import os.path as osp
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from pyg_dist.integrity import verify
+from pyg_dist.partition.book import META_FILE, described, part_file, read_meta
+
+
+class PreflightError(RuntimeError):
+    r"""What keeps a run from starting, found before any rank started:
+    one line per problem (:attr:`problems`)."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = list(problems)
+
+
+class _Problems(List[str]):
+    def check(self, fn: Callable, *args: Any) -> Any:
+        r"""``fn(*args)``; an error it raises is recorded as one line
+        (``None`` is returned)."""
+        try:
+            return fn(*args)
+        except (OSError, RuntimeError, ValueError) as e:
+            lines = str(e).splitlines()
+            self.append(lines[0] if lines else type(e).__name__)
+            return None
+
+    def add(self, problem: Optional[str]) -> None:
+        if problem is not None:
+            self.append(problem)
+
+    def raise_any(self) -> None:
+        if self:
+            raise PreflightError(self)
+
+
+def launched_ranks(num_parts: int, nproc: Optional[int] = None) -> Tuple[int, List[int]]:
+    r"""The world size a launch will have and the ranks whose files this
+    process checks: under ``torchrun`` its world and its own rank, else
+    :obj:`nproc` (default: one per part) and every part."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return int(os.environ["WORLD_SIZE"]), [int(os.environ["RANK"])]
+    return nproc or num_parts, list(range(num_parts))
+
+
+def check_parts(root: str, meta: Dict[str, Any], ranks: Sequence[int],
+                problems: _Problems) -> None:
+    r"""The part files of :obj:`ranks` in :obj:`root` hold the bytes its
+    ``meta.json`` (:obj:`meta`) describes."""
+    for rank in ranks:
+        if 0 <= rank < meta["num_parts"]:
+            check_file(root, meta, osp.basename(part_file(root, rank)), problems)
+
+
+def check_batch_parts(root: str, meta: Dict[str, Any], ranks: Sequence[int],
+                      problems: _Problems) -> None:
+    r"""The balanced batch parts (``batch_parts/{b}/part_{r}.pt``) of
+    :obj:`ranks`, if :obj:`root` has them, hold the bytes ``meta.json``
+    describes."""
+    from pyg_dist.loader.cohesive.balance import BATCH_PARTS_DIR, batch_part_file
+    folder = osp.join(root, BATCH_PARTS_DIR)
+    if not osp.isdir(folder):
+        return
+    for batch in sorted(int(b) for b in os.listdir(folder) if b.isdigit()):
+        for rank in ranks:
+            check_file(root, meta, osp.relpath(batch_part_file(root, batch, rank), root),
+                       problems)
+
+
+def check_world(root: str, meta: Dict[str, Any], world: int, problems: _Problems) -> None:
+    num_parts = meta["num_parts"]
+    if world != num_parts:
+        problems.append(f"'{root}' holds {num_parts} partitions but {world} ranks would "
+                        f"start: launch {num_parts} (--nproc {num_parts}) or re-partition "
+                        f"with --num-parts {world}")
+
+
+def check_file(root: str, meta: Dict[str, Any], name: str, problems: _Problems) -> None:
+    r"""File :obj:`name` of :obj:`root` exists and holds the bytes
+    ``meta.json`` (:obj:`meta`) describes."""
+    path = osp.join(root, name)
+    if not osp.lexists(path):
+        problems.append(f"'{path}' is missing ({META_FILE} lists it)")
+        return
+    expected = described(meta, name)
+    if expected is None:
+        problems.append(f"'{osp.join(root, META_FILE)}' records no checksum of '{path}': it "
+                        f"cannot be checked (write the partitions again)")
+        return
+    problems.check(verify, path, expected)
+
+
+def writable_dir(flag: str, path: str) -> Optional[str]:
+    r"""Why :obj:`path` cannot be a folder this process writes into (one
+    line naming :obj:`flag`), or ``None``; creates nothing."""
+    if osp.exists(path):
+        if not osp.isdir(path):
+            return f"{flag} '{path}' is a file, not a directory"
+        if not os.access(path, os.W_OK | os.X_OK):
+            return f"{flag} '{path}' is not writable"
+        return None
+    parent = osp.dirname(osp.abspath(path))
+    while not osp.exists(parent):  # the nearest existing folder is where it is created
+        parent = osp.dirname(parent)
+    if not osp.isdir(parent):
+        return f"cannot create {flag} '{path}': '{parent}' is a file, not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot create {flag} '{path}': '{parent}' is not writable"
+    return None
+
+
+def check_training(root: str, config, out_dir: Optional[str] = None,
+                   nproc: Optional[int] = None) -> None:
+    r"""Raises :class:`PreflightError` listing every problem that would
+    stop training :obj:`config` (a :class:`~pyg_dist.config.TrainConfig`)
+    on the partitions in :obj:`root` into :obj:`out_dir` with :obj:`nproc`
+    local ranks (see the module)."""
+    from pyg_dist.loader.cohesive.loader import load_batches
+    from pyg_dist.train import claim_out_dir, train_graph_root
+    problems = _Problems()
+    meta = problems.check(read_meta, root)
+    if meta is not None:
+        world, ranks = launched_ranks(meta["num_parts"], nproc)
+        check_world(root, meta, world, problems)
+        check_parts(root, meta, ranks, problems)
+        if config.inductive:
+            sub = problems.check(train_graph_root, root)
+            sub_meta = problems.check(read_meta, sub) if sub is not None else None
+            if sub_meta is not None:
+                check_parts(sub, sub_meta, ranks, problems)
+        if config.loader == "cohesive":
+            problems.check(load_batches, root)  # small: its contents are checked too
+            check_batch_parts(root, meta, ranks, problems)
+        if sum(s.get("num_train", 0) for s in meta.get("parts", [])) == 0:
+            problems.append(f"'{osp.join(root, META_FILE)}': the graph has no training node "
+                            f"(its train_mask is empty): nothing to train on")
+        if config.resume:
+            _check_resume(root, config, out_dir, world, ranks, problems)
+    if out_dir is not None:
+        problems.add(writable_dir("--out", out_dir))
+    if config.checkpoint_every and config.checkpoint_dir:  # the default is inside --out
+        problems.add(writable_dir("--checkpoint-dir", config.checkpoint_dir))
+    problems.check(claim_out_dir, out_dir, config)
+    problems.raise_any()
+
+
+def _check_resume(root: str, config, out_dir: Optional[str], world: int,
+                  ranks: Sequence[int], problems: _Problems) -> None:
+    r"""``latest.json`` matches this run (world size, graph, partitioning,
+    hyper-parameters), the epochs go beyond it, and each rank's
+    checkpoint file matches its sidecar."""
+    from pyg_dist.train import checkpointer
+    checkpoints = problems.check(checkpointer, root, config, out_dir, world)
+    latest = problems.check(checkpoints.latest) if checkpoints is not None else None
+    if latest is None:
+        return
+    if config.epochs < latest["epoch"]:
+        problems.append(f"the checkpoint in '{checkpoints.directory}' is at epoch "
+                        f"{latest['epoch']}: --epochs {config.epochs} would train nothing "
+                        f"(give more epochs)")
+    for rank in ranks:
+        problems.check(checkpoints.verify, latest["epoch"], rank)
+
+
+def check_prediction(root: str, model_dir: str, out_dir: Optional[str],
+                     overwrite: bool = False) -> Dict[str, Any]:
+    r"""Raises :class:`PreflightError` listing every problem that would
+    stop predicting with the model trained into :obj:`model_dir` on the
+    partitions in :obj:`root` into :obj:`out_dir`: the partition's files and
+    world size, ``model.json`` and ``model.pt`` (verified), the model's
+    input width against the graph's features, and :obj:`out_dir` (writable,
+    and holding no earlier predictions unless :obj:`overwrite`). Returns
+    ``model.json``."""
+    from pyg_dist.inference import prediction_files
+    from pyg_dist.train import model_spec
+    problems = _Problems()
+    meta = problems.check(read_meta, root)
+    if meta is not None:
+        world, ranks = launched_ranks(meta["num_parts"])
+        check_world(root, meta, world, problems)
+        check_parts(root, meta, ranks, problems)
+    spec = problems.check(model_spec, model_dir)
+    if spec is not None:
+        path = osp.join(model_dir, "model.pt")
+        if not osp.lexists(path):
+            problems.append(f"'{path}' is missing ('{osp.join(model_dir, 'model.json')}' "
+                            f"describes it)")
+        else:
+            problems.check(verify, path, spec["files"]["model.pt"])
+        if meta is not None and spec["in_channels"] != meta["num_features"]:
+            problems.append(f"the model in '{model_dir}' takes {spec['in_channels']} input "
+                            f"features, the graph in '{root}' has {meta['num_features']}: "
+                            f"it was trained on another graph")
+    if out_dir is not None:
+        problems.add(writable_dir("--out", out_dir))
+        found = problems.check(prediction_files, out_dir)
+        if found and not overwrite:
+            problems.append(f"--out '{out_dir}' holds predictions ({', '.join(found)}): pass "
+                            f"--overwrite to replace them")
+    problems.raise_any()
+    return spec
