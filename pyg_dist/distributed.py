@@ -303,7 +303,7 @@ class _ForwardedStop:
             signal.signal(signum, handler)
 
 
-def _stopped(pid: Optional[int]) -> bool:
+def is_stopped(pid: Optional[int]) -> bool:
     r"""Whether process :obj:`pid` is stopped (Linux ``/proc``; else never)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -334,7 +334,7 @@ _SECONDARY = re.compile(r"RankLostError|lost ranks? \d|Connection (closed|reset)
                         r"did not finish")
 
 
-def _died(rank: int, exitcode: Optional[int]) -> str:
+def died_message(rank: int, exitcode: Optional[int]) -> str:
     if exitcode is not None and exitcode < 0:
         try:
             return f"rank {rank} died (killed by {signal.Signals(-exitcode).name})"
@@ -443,8 +443,8 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
                 pass
             for r, p in enumerate(procs):  # a rank that died without reporting
                 if r not in outcome and not p.is_alive() and results.empty():
-                    outcome[r] = (False, _died(r, p.exitcode))
-                elif r not in outcome and _stopped(p.pid):  # SIGSTOP, a hung device
+                    outcome[r] = (False, died_message(r, p.exitcode))
+                elif r not in outcome and is_stopped(p.pid):  # SIGSTOP, a hung device
                     stopped.setdefault(r, now)
                     if now - stopped[r] > min(timeout, STOPPED_GRACE):
                         p.kill()  # now, so that its peers' collectives fail now
@@ -458,7 +458,7 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
     finally:
         stopping.restore()
         for p in procs:
-            if p.is_alive() and (watchdog or _stopped(p.pid)):  # had its grace / cannot
+            if p.is_alive() and (watchdog or is_stopped(p.pid)):  # had its grace / cannot
                 p.kill()                                         # act on SIGTERM
             p.join(timeout=1)
             if p.is_alive():

@@ -50,7 +50,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from pyg_dist.distributed import (DEFAULT_TIMEOUT, STOPPED_GRACE, _died, _stopped,
+from pyg_dist.distributed import (DEFAULT_TIMEOUT, STOPPED_GRACE, died_message, is_stopped,
                                   die_with_parent, dumps, free_port, init, rank_threads)
 
 #: This rank's variables, kept between calls (on the ranks; empty here).
@@ -225,7 +225,7 @@ class Ranks:
 
     def _submit(self, job) -> List[Any]:
         if self._procs and not self.alive:  # a rank died between calls
-            dead = {r: _died(r, p.exitcode) for r, p in enumerate(self._procs)
+            dead = {r: died_message(r, p.exitcode) for r, p in enumerate(self._procs)
                     if not p.is_alive()}
             self.stop(now=True)
             raise RankError(dead, False, "; ".join(dead.values()))
@@ -282,8 +282,8 @@ class Ranks:
                 if r in answers:
                     continue
                 if not p.is_alive() and self._outbox.empty():
-                    answers[r] = (False, _died(r, p.exitcode))
-                elif _stopped(p.pid):  # SIGSTOP, a hung device
+                    answers[r] = (False, died_message(r, p.exitcode))
+                elif is_stopped(p.pid):  # SIGSTOP, a hung device
                     if now - stopped.setdefault(r, now) > STOPPED_GRACE:
                         p.kill()
                         answers[r] = (False, f"rank {r} was stopped (SIGSTOP) for more "

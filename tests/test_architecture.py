@@ -20,7 +20,7 @@ LAYERS = [
     {"nn"},
     {"loader"},
     {"metrics", "config", "checkpoint", "inference", "plots"},
-    {"train", "launch"},
+    {"train", "launch", "preflight"},
     {"cli", "demo", "notebook"},
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}

@@ -48,6 +48,7 @@ def test_single_process_training_warns_nothing(tmp_path):
             "from pyg_dist.train import TrainConfig, train_single_process\n"
             "train_single_process(small_graph(), TrainConfig(hidden=8, epochs=1, "
             "progress=False))\n")
-    p = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", code], capture_output=True,
-                       text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(__file__)))
+    p = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", code],
+                       capture_output=True, text=True, timeout=120,
+                       cwd=os.path.dirname(os.path.dirname(__file__)))
     assert p.returncode == 0, p.stderr
