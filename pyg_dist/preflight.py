@@ -137,7 +137,7 @@ def check_training(root: str, config, out_dir: Optional[str] = None,
     on the partitions in :obj:`root` into :obj:`out_dir` with :obj:`nproc`
     local ranks (see the module)."""
     from pyg_dist.loader.cohesive.loader import load_batches
-    from pyg_dist.train import claim_out_dir, train_graph_root
+    from pyg_dist.train import claim_out_dir, require_training_nodes, train_graph_root
     problems = _Problems()
     meta = problems.check(read_meta, root)
     if meta is not None:
@@ -152,9 +152,7 @@ def check_training(root: str, config, out_dir: Optional[str] = None,
         if config.loader == "cohesive":
             problems.check(load_batches, root)  # small: its contents are checked too
             check_batch_parts(root, meta, ranks, problems)
-        if sum(s.get("num_train", 0) for s in meta.get("parts", [])) == 0:
-            problems.append(f"'{osp.join(root, META_FILE)}': the graph has no training node "
-                            f"(its train_mask is empty): nothing to train on")
+        problems.check(require_training_nodes, root, meta)
         if config.resume:
             _check_resume(root, config, out_dir, world, ranks, problems)
     if out_dir is not None:

@@ -55,6 +55,7 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     """
     config.validate()
     init()
+    require_training_nodes(root, read_meta(root))
     old_run = claim_out_dir(out_dir, config)
     rank, world = dist.get_rank(), dist.get_world_size()
     device = default_device()
@@ -301,6 +302,14 @@ def _broadcast_params(model: torch.nn.Module) -> None:
     dist.broadcast(flat, src=0)
     for p, v in zip(params, _unflatten_dense_tensors(flat, params)):
         p.copy_(v)
+
+
+def require_training_nodes(root: str, meta: Dict[str, Any]) -> None:
+    r"""Refuses a partitioning (``meta.json`` :obj:`meta` of :obj:`root`)
+    without training nodes: its loss would be 0 and its model untrained."""
+    if sum(s.get("num_train", 0) for s in meta.get("parts", [])) == 0:
+        raise ValueError(f"'{osp.join(root, 'meta.json')}': the graph has no training node "
+                         f"(its train_mask is empty): nothing to train on")
 
 
 # What a run writes into its out_dir (and --overwrite removes).

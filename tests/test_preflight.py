@@ -145,6 +145,12 @@ def test_a_graph_without_training_nodes_is_refused(tmp_path, capsys):
     _refused(capsys, "train", ["--root", root, "--out", str(tmp_path / "run"), *TRAIN],
              "no training node")
     assert not osp.exists(tmp_path / "run")
+    # train() called in the ranks directly (no launcher) refuses it too
+    from pyg_dist.train import TrainConfig, train
+    with pytest.raises(RuntimeError, match="no training node"):
+        pyg_dist.spawn(train, 2, (root, TrainConfig(epochs=1, progress=False),
+                                  str(tmp_path / "run")), timeout=30)
+    assert not osp.exists(tmp_path / "run" / "model.pt")
 
 
 def test_every_problem_is_one_line(parts, tmp_path):
