@@ -6,10 +6,11 @@ import os
 import os.path as osp
 import re
 import sys
+import tempfile
 from typing import List, Optional
 
 from pyg_dist.deprecation import renamed, warn_moved
-from pyg_dist.distributed import DEFAULT_TIMEOUT
+from pyg_dist.distributed import DEFAULT_TIMEOUT, SpawnError
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
@@ -470,7 +471,6 @@ def main(argv: Optional[List[str]] = None) -> None:
     argv = _negative_values_attached(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     args.argv = argv
-    from pyg_dist.distributed import SpawnError
     try:
         args.fn(args)
     except KeyboardInterrupt as e:  # Ctrl-C before the ranks, or a second signal
@@ -479,7 +479,6 @@ def main(argv: Optional[List[str]] = None) -> None:
     except SpawnError as e:
         # The root cause on one line; the ranks' tracebacks (dozens of lines,
         # mostly the other ranks' lost connections) in a file it names.
-        import tempfile
         try:
             with tempfile.NamedTemporaryFile("w", prefix=f"pyg-dist-{args.command}-",
                                              suffix=".log", delete=False) as log:

@@ -16,6 +16,15 @@ def small_graph(num_nodes: int = 240, seed: int = 0, directed: bool = False):
     return data
 
 
+def flip_bytes(path: str, offset: int, count: int = 8) -> None:
+    r"""Inverts :obj:`count` bytes of the file at :obj:`offset` (damage)."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        data = f.read(count)
+        f.seek(offset)
+        f.write(bytes(b ^ 0xFF for b in data))
+
+
 @pytest.fixture(autouse=True)
 def no_leftover_process_group():
     r"""Tests that join a world of one in this process leave none behind."""

@@ -168,6 +168,19 @@ def test_ranks_die_with_their_launcher(graph, tmp_path):
     assert open(metrics).read().count("\n") == lines  # nobody writes any more
 
 
+def _train_past_epoch_1(cmd, out: str, env) -> subprocess.Popen:
+    r"""The training command :obj:`cmd`, started and waited for until its
+    first epoch is in ``out/metrics.jsonl``."""
+    launcher = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, env=env)
+    metrics = os.path.join(out, "metrics.jsonl")
+    deadline = time.monotonic() + 60
+    while not (os.path.exists(metrics) and os.path.getsize(metrics)):
+        assert time.monotonic() < deadline and launcher.poll() is None
+        time.sleep(0.2)
+    return launcher
+
+
 def test_sigterm_checkpoints_and_stops_then_resumes(graph, tmp_path):
     r"""A scheduler's preemption: SIGTERM to the launcher ends the current
     epoch on every rank, writes a checkpoint (though none was due) and
@@ -176,14 +189,9 @@ def test_sigterm_checkpoints_and_stops_then_resumes(graph, tmp_path):
     pyg_dist.partition_graph(graph, 2, root=root)
     cmd = [sys.executable, "-m", "pyg_dist.cli", "train", "--root", root, "--out", out,
            "--hidden", "8", "--no-progress", "--no-plots", "--checkpoint-every", "1000"]
-    launcher = subprocess.Popen(cmd + ["--epochs", "100000"], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True,
-                                env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    launcher = _train_past_epoch_1(cmd + ["--epochs", "100000"], out,
+                                   dict(os.environ, PYTHONWARNINGS="ignore"))
     metrics = os.path.join(out, "metrics.jsonl")
-    deadline = time.monotonic() + 60
-    while not (os.path.exists(metrics) and os.path.getsize(metrics)):
-        assert time.monotonic() < deadline and launcher.poll() is None
-        time.sleep(0.2)
     launcher.send_signal(signal.SIGTERM)
     _, err = launcher.communicate(timeout=60)
     assert launcher.returncode != 0 and "stopped by SIGTERM after epoch" in err, err[-2000:]
@@ -264,15 +272,9 @@ def test_ctrl_c_checkpoints_and_stops_in_one_line(tmp_path):
     cli = [sys.executable, "-m", "pyg_dist.cli"]
     subprocess.run(cli + ["partition", "--num-parts", "2", "--root", root, "--num-nodes",
                           "2000"], check=True, capture_output=True, timeout=120, env=env)
-    launcher = subprocess.Popen(
+    launcher = _train_past_epoch_1(
         cli + ["train", "--root", root, "--out", out, "--hidden", "8", "--no-progress",
-               "--no-plots", "--checkpoint-every", "1", "--epochs", "100000"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-    metrics = os.path.join(out, "metrics.jsonl")
-    deadline = time.monotonic() + 60
-    while not (os.path.exists(metrics) and os.path.getsize(metrics)):
-        assert time.monotonic() < deadline and launcher.poll() is None
-        time.sleep(0.2)
+               "--no-plots", "--checkpoint-every", "1", "--epochs", "100000"], out, env)
     launcher.send_signal(signal.SIGINT)
     _, err = launcher.communicate(timeout=60)
     lines = err.strip().splitlines()

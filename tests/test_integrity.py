@@ -13,6 +13,7 @@ import pyg_dist
 from pyg_dist.checkpoint import CheckpointError
 from pyg_dist.integrity import CorruptFileError
 from pyg_dist.train import TrainConfig, train
+from tests.conftest import flip_bytes
 
 
 @pytest.fixture
@@ -22,18 +23,10 @@ def parts(graph, tmp_path):
     return root
 
 
-def _flip(path: str, offset: int, count: int = 8) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        data = f.read(count)
-        f.seek(offset)
-        f.write(bytes(b ^ 0xFF for b in data))
-
-
 @pytest.mark.parametrize("where", [0.1, 0.5, 0.9])
 def test_flipped_bytes_in_a_part_file_are_refused_by_name(parts, where):
     path = osp.join(parts, "part_1.pt")
-    _flip(path, int(os.path.getsize(path) * where))
+    flip_bytes(path, int(os.path.getsize(path) * where))
     with pytest.raises(CorruptFileError, match="part_1.pt' is corrupt"):
         pyg_dist.DistData.load(parts, 1, world_size=2)
     pyg_dist.DistData.load(parts, 0, world_size=2)  # the intact part still loads
@@ -87,7 +80,7 @@ def test_a_corrupt_checkpoint_is_refused_and_the_run_kept(graph, tmp_path, where
     train(root, config, out)
     model_before = open(osp.join(out, "model.pt"), "rb").read()
     path = osp.join(out, "checkpoint", "epoch_2", "rank_0.pt")
-    _flip(path, int(os.path.getsize(path) * where), 4)
+    flip_bytes(path, int(os.path.getsize(path) * where), 4)
     with pytest.raises(CheckpointError, match="rank_0.pt' is corrupt"):
         train(root, dataclasses.replace(config, epochs=3, resume=True), out)
     assert osp.exists(path)  # the checkpoint was not replaced...
@@ -139,7 +132,7 @@ def test_a_flipped_byte_in_model_pt_is_refused(graph, tmp_path):
     _model_run(root, out)
     load_model(out)  # intact: loads
     path = osp.join(out, "model.pt")
-    _flip(path, os.path.getsize(path) // 2, 4)
+    flip_bytes(path, os.path.getsize(path) // 2, 4)
     with pytest.raises(CorruptFileError, match="model.pt' is corrupt"):
         load_model(out)
     spec = json.load(open(osp.join(out, "model.json")))
@@ -149,17 +142,22 @@ def test_a_flipped_byte_in_model_pt_is_refused(graph, tmp_path):
         load_model(out)
 
 
-@pytest.fixture
-def batches(graph, tmp_path):
-    r"""Two parts and cohesive batches of their training nodes."""
+def _partition_with_batches(graph, root: str, num_parts: int):
+    r""":obj:`num_parts` parts and 3 random batches of the training nodes."""
     from pyg_dist.loader import random_batches, save_batches
-    root = str(tmp_path / "parts")
-    pyg_dist.partition_graph(graph, 2, root=root)
+    pyg_dist.partition_graph(graph, num_parts, root=root)
     nodes = graph.train_mask.nonzero().view(-1)
     batch_of = torch.full((graph.num_nodes, ), -1, dtype=torch.long)
     batch_of[nodes] = random_batches(nodes.numel(), 3, seed=0)
     save_batches(root, batch_of)
-    return root, batch_of
+    return batch_of, nodes
+
+
+@pytest.fixture
+def batches(graph, tmp_path):
+    r"""Two parts and cohesive batches of their training nodes."""
+    root = str(tmp_path / "parts")
+    return root, _partition_with_batches(graph, root, 2)[0]
 
 
 def test_a_flipped_byte_in_the_batches_file_is_refused(batches, capsys):
@@ -169,7 +167,7 @@ def test_a_flipped_byte_in_the_batches_file_is_refused(batches, capsys):
     path = osp.join(root, "batches.pt")
     assert "batches.pt" in json.load(open(osp.join(root, "meta.json")))["files"]
     assert torch.equal(load_batches(root), batch_of)
-    _flip(path, os.path.getsize(path) // 2)
+    flip_bytes(path, os.path.getsize(path) // 2)
     with pytest.raises(CorruptFileError, match="batches.pt' is corrupt"):
         load_batches(root)
     with pytest.raises(SystemExit):
@@ -197,7 +195,7 @@ def test_a_flipped_byte_in_a_balanced_batch_part_is_refused(batches, graph):
     config = TrainConfig(loader="cohesive", epochs=1, progress=False)
     check_training(root, config)  # whole files pass
     load_batch_part(root, 1, 1, 2)
-    _flip(path, os.path.getsize(path) // 2)
+    flip_bytes(path, os.path.getsize(path) // 2)
     with pytest.raises(PreflightError, match=re.escape(f"'{path}' is corrupt")):
         check_training(root, config)
     with pytest.raises(CorruptFileError, match=re.escape(f"'{path}' is corrupt")):
@@ -207,13 +205,9 @@ def test_a_flipped_byte_in_a_balanced_batch_part_is_refused(batches, graph):
 def test_batches_that_do_not_fit_the_graph_are_refused(graph, tmp_path):
     r"""Batches whose file is whole but whose nodes are not the training
     nodes (written so, not damaged): refused by their contents."""
-    from pyg_dist.loader import load_batches, random_batches, save_batches
+    from pyg_dist.loader import load_batches, save_batches
     root = str(tmp_path / "one")
-    pyg_dist.partition_graph(graph, 1, root=root)
-    nodes = graph.train_mask.nonzero().view(-1)
-    batch_of = torch.full((graph.num_nodes, ), -1, dtype=torch.long)
-    batch_of[nodes] = random_batches(nodes.numel(), 3, seed=0)
-    save_batches(root, batch_of)
+    batch_of, nodes = _partition_with_batches(graph, root, 1)
     _cohesive_loader(root)  # they fit
     moved = batch_of.clone()
     other = int((~graph.train_mask).nonzero()[0])
@@ -288,7 +282,7 @@ def test_predictions_are_listed_with_their_checksums(graph, tmp_path):
         open(osp.join(root, "meta.json")))["graph_hash"]
     n_id, _ = load_predictions(pred)
     assert torch.equal(n_id.sort().values, torch.arange(graph.num_nodes))
-    _flip(osp.join(pred, "pred_0.pt"), 300)
+    flip_bytes(osp.join(pred, "pred_0.pt"), 300)
     with pytest.raises(CorruptFileError, match="pred_0.pt' is corrupt"):
         load_predictions(pred)
 

@@ -15,17 +15,9 @@ import pyg_dist
 from pyg_dist.cli import main
 from pyg_dist.preflight import PreflightError, check_training
 from pyg_dist.train import TrainConfig, train
-from tests.conftest import small_graph
+from tests.conftest import flip_bytes, small_graph
 
 TRAIN = ["--epochs", "1", "--hidden", "8", "--no-progress", "--no-plots"]
-
-
-def _flip(path: str, offset: int, count: int = 8) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        data = f.read(count)
-        f.seek(offset)
-        f.write(bytes(b ^ 0xFF for b in data))
 
 
 def _refused(capsys, command: str, argv, *names: str) -> str:
@@ -63,7 +55,7 @@ def one_part(graph, tmp_path):
 def test_a_bad_part_file_is_one_line_before_any_rank(parts, graph, tmp_path, capsys, damage):
     path = osp.join(parts, "part_1.pt")
     if damage == "corrupt":
-        _flip(path, os.path.getsize(path) // 2)
+        flip_bytes(path, os.path.getsize(path) // 2)
     elif damage == "truncated":
         data = open(path, "rb").read()
         open(path, "wb").write(data[:len(data) // 3])
@@ -92,7 +84,7 @@ def test_an_unreadable_part_file_is_a_permission_error(parts, capsys):
 
 def test_the_real_cli_fails_in_one_line(parts):
     r"""The console script itself: exit status 1 and one line, no rank."""
-    _flip(osp.join(parts, "part_0.pt"), 100)
+    flip_bytes(osp.join(parts, "part_0.pt"), 100)
     p = subprocess.run([sys.executable, "-m", "pyg_dist.cli", "train", "--root", parts,
                         *TRAIN], capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, PYTHONWARNINGS="ignore"))
@@ -155,7 +147,7 @@ def test_a_graph_without_training_nodes_is_refused(tmp_path, capsys):
 
 def test_every_problem_is_one_line(parts, tmp_path):
     r"""Several problems at once: each is reported, one line each."""
-    _flip(osp.join(parts, "part_0.pt"), 64)
+    flip_bytes(osp.join(parts, "part_0.pt"), 64)
     os.remove(osp.join(parts, "part_1.pt"))
     (tmp_path / "f").write_text("")
     with pytest.raises(PreflightError) as info:
@@ -174,7 +166,7 @@ def test_overwrite_keeps_the_old_run_when_the_new_one_is_refused(one_part, tmp_p
     capsys.readouterr()
     before = {name: open(osp.join(out, name), "rb").read()
               for name in ("metrics.jsonl", "model.pt", "model.json", "summary.json")}
-    _flip(osp.join(one_part, "part_0.pt"), 200)
+    flip_bytes(osp.join(one_part, "part_0.pt"), 200)
     _refused(capsys, "train", ["--root", one_part, "--out", out, *TRAIN, "--overwrite"],
              "part_0.pt")
     for name, data in before.items():
@@ -211,7 +203,7 @@ def model_dir(one_part, tmp_path):
 
 def test_a_flipped_byte_in_the_model_is_refused(parts, model_dir, tmp_path, capsys):
     path = osp.join(model_dir, "model.pt")
-    _flip(path, os.path.getsize(path) // 2, 4)
+    flip_bytes(path, os.path.getsize(path) // 2, 4)
     pred = str(tmp_path / "pred")
     _refused(capsys, "predict", ["--root", parts, "--model-dir", model_dir, "--out", pred],
              "model.pt' is corrupt")

@@ -86,6 +86,7 @@ def test_accepted_activation_is_row_wise(cls, instance):
         _rows_of_subset(instance, lambda m, x: m(x))
 
 
+@pytest.mark.filterwarnings("ignore:Implicit dimension choice for softmax")
 @pytest.mark.parametrize("module,call", [
     (torch.nn.GRU(C, 3), lambda m, x: m(x)[0]),
     (torch.nn.LSTM(C, 3), lambda m, x: m(x)[0]),
