@@ -7,7 +7,7 @@ deprecation.install()  # old module paths keep working, with a warning
 
 from pyg_dist import nn  # noqa: E402
 from pyg_dist.data import DistData  # noqa: E402
-from pyg_dist.distributed import device, init, spawn  # noqa: E402
+from pyg_dist.distributed import SpawnError, device, init, spawn  # noqa: E402
 from pyg_dist.inference import predict  # noqa: E402
 from pyg_dist.partition import PartitionBook, partition_graph  # noqa: E402
 
@@ -20,5 +20,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'pyg_dist' has no attribute '{name}'")
 
 
-__all__ = ["DistData", "PartitionBook", "partition_graph", "init", "spawn",
+__all__ = ["DistData", "PartitionBook", "partition_graph", "init", "spawn", "SpawnError",
            "device", "nn", "predict", "__version__"]

@@ -474,7 +474,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     try:
         args.fn(args)
     except KeyboardInterrupt as e:  # Ctrl-C before the ranks, or a second signal
-        print(f"pyg-dist {args.command}: interrupted ({e or 'Ctrl-C'})", file=sys.stderr)
+        print(f"pyg-dist {args.command}: interrupted ({str(e) or 'Ctrl-C'})", file=sys.stderr)
         sys.exit(130)
     except SpawnError as e:
         # The root cause on one line; the ranks' tracebacks (dozens of lines,

@@ -334,6 +334,25 @@ _SECONDARY = re.compile(r"RankLostError|lost ranks? \d|Connection (closed|reset)
                         r"did not finish")
 
 
+def silent_failure(rank: int, process, stopped: Dict[int, float], grace: float,
+                   now: float, nothing_queued: bool) -> Optional[str]:
+    r"""How rank :obj:`rank` (:obj:`process`) failed without reporting: it
+    died (and :obj:`nothing_queued` holds no last report of it), or it has
+    been stopped (SIGSTOP, a hung device) for more than :obj:`grace`
+    seconds, then it is killed now, so that its peers' collectives fail
+    now. :obj:`stopped` keeps since when each rank is seen stopped.
+    ``None``: it has not failed so."""
+    if not process.is_alive():
+        return died_message(rank, process.exitcode) if nothing_queued else None
+    if not is_stopped(process.pid):
+        stopped.pop(rank, None)
+        return None
+    if now - stopped.setdefault(rank, now) <= grace:
+        return None
+    process.kill()
+    return f"rank {rank} was stopped (SIGSTOP) for more than {grace:g} s: killed"
+
+
 def died_message(rank: int, exitcode: Optional[int]) -> str:
     if exitcode is not None and exitcode < 0:
         try:
@@ -350,19 +369,26 @@ def _one_line(rank: int, report: str) -> str:
 
 
 @contextmanager
-def _quiet_cpp_warnings() -> Iterator[None]:
-    r"""Processes started inside inherit ``TORCH_CPP_LOG_LEVEL=ERROR``
-    unless the user set a level: when rank 0 dies, c10d prints every other
+def starting_ranks() -> Iterator[None]:
+    r"""What processes started inside inherit: SIGINT ignored (main thread
+    only; a terminal's Ctrl-C signals the whole process group, and a rank
+    not yet past its start-up would die of it with a traceback, while the
+    launcher forwards it as SIGTERM), and ``TORCH_CPP_LOG_LEVEL=ERROR``
+    unless the user set a level (when rank 0 dies, c10d prints every other
     rank's lost store connection as a warning with dozens of C++ frames,
-    which would bury the one-line error (errors still print)."""
-    if "TORCH_CPP_LOG_LEVEL" in os.environ:
-        yield
-        return
-    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    which would bury the one-line error; errors still print)."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    quiet = "TORCH_CPP_LOG_LEVEL" not in os.environ
+    if quiet:
+        os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
     try:
         yield
     finally:
-        del os.environ["TORCH_CPP_LOG_LEVEL"]
+        if quiet:
+            del os.environ["TORCH_CPP_LOG_LEVEL"]
+        if main:
+            signal.signal(signal.SIGINT, previous)
 
 
 def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
@@ -408,7 +434,7 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
                              args=(r, nprocs, port, backend, timeout, threads, call, payload,
                                    results, os.getpid())) for r in range(nprocs)]
         try:
-            with _quiet_cpp_warnings():
+            with starting_ranks():
                 for p in procs:
                     p.start()
             break
@@ -441,17 +467,11 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
                 outcome[rank] = (ok, payload)
             except queue.Empty:
                 pass
-            for r, p in enumerate(procs):  # a rank that died without reporting
-                if r not in outcome and not p.is_alive() and results.empty():
-                    outcome[r] = (False, died_message(r, p.exitcode))
-                elif r not in outcome and is_stopped(p.pid):  # SIGSTOP, a hung device
-                    stopped.setdefault(r, now)
-                    if now - stopped[r] > min(timeout, STOPPED_GRACE):
-                        p.kill()  # now, so that its peers' collectives fail now
-                        outcome[r] = (False, f"rank {r} was stopped (SIGSTOP) for more than "
-                                             f"{min(timeout, STOPPED_GRACE):g} s: killed")
-                else:
-                    stopped.pop(r, None)
+            for r, p in enumerate(procs):
+                fate = None if r in outcome else silent_failure(
+                    r, p, stopped, min(timeout, STOPPED_GRACE), now, results.empty())
+                if fate is not None:
+                    outcome[r] = (False, fate)
             failed += [r for r, (ok, _) in outcome.items() if not ok and r not in failed]
             if failed_at is None and failed:
                 failed_at = time.monotonic()

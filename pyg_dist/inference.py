@@ -2,6 +2,7 @@ r"""Distributed full-graph inference: every rank predicts its own nodes."""
 import copy
 import os
 import os.path as osp
+import re
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -12,7 +13,7 @@ from tqdm import tqdm
 
 from pyg_dist.data import DistData
 from pyg_dist.distributed import device as default_device
-from pyg_dist.distributed import init
+from pyg_dist.distributed import init, max_over_ranks
 from pyg_dist.integrity import CorruptFileError, load_checked, read_json, save_checked, save_json
 from pyg_dist.nn import distribute
 from pyg_dist.partition.book import read_meta
@@ -23,7 +24,8 @@ MANIFEST = "predictions.json"
 @torch.no_grad()
 def predict(model: torch.nn.Module, root: str, out_dir: Optional[str] = None,
             gather: bool = False, logits: bool = False, progress: bool = False,
-            source: Optional[Dict[str, Any]] = None) -> Optional[Tensor]:
+            source: Optional[Dict[str, Any]] = None,
+            overwrite: bool = False) -> Optional[Tensor]:
     r"""Runs the trained plain PyG :obj:`model` on the whole graph, one
     partition of :obj:`root` per rank of the current process group (a world
     of one is created if none exists); no rank holds more than its partition.
@@ -36,7 +38,10 @@ def predict(model: torch.nn.Module, root: str, out_dir: Optional[str] = None,
       writes ``predictions.json``: the size and checksum of each of these
       files, the partitioning they came from and the model's class with
       :obj:`source` (e.g. where the model was read from);
-      :func:`load_predictions` reads them back checked.
+      :func:`load_predictions` reads them back checked. A folder that holds
+      earlier predictions is refused (:class:`FileExistsError`, on every
+      rank, before any rank writes) unless :obj:`overwrite`, which removes
+      them first.
     * :obj:`gather`: rank 0 returns the predictions of all nodes indexed by
       original id (other ranks return ``None``); only predictions travel.
 
@@ -45,6 +50,8 @@ def predict(model: torch.nn.Module, root: str, out_dir: Optional[str] = None,
     :obj:`progress` shows rank 0's layers as they finish."""
     init()
     rank = dist.get_rank()
+    if out_dir is not None:
+        claim_predictions_dir(out_dir, overwrite)
     device = default_device()
     data = DistData.load(root, rank).to(device)
     twin = distribute(copy.deepcopy(model).to(device), data)
@@ -90,12 +97,31 @@ def predict(model: torch.nn.Module, root: str, out_dir: Optional[str] = None,
 
 
 def prediction_files(out_dir: str) -> List[str]:
-    r"""The files of earlier predictions in :obj:`out_dir` (``pred_*.pt``
+    r"""The files of earlier predictions in :obj:`out_dir` (``pred_{r}.pt``
     and the manifest), which a new prediction there would mix with its own."""
     if not osp.isdir(out_dir):
         return []
-    return sorted(name for name in os.listdir(out_dir) if name == MANIFEST or (
-        name.startswith("pred_") and name.endswith((".pt", ".pt.tmp"))))
+    return sorted(name for name in os.listdir(out_dir)
+                  if name == MANIFEST or re.fullmatch(r"pred_\d+\.pt(\.tmp)?", name))
+
+
+def claim_predictions_dir(out_dir: str, overwrite: bool) -> None:
+    r"""Refuses :obj:`out_dir` if it holds earlier predictions, unless
+    :obj:`overwrite`: then the first process of each node removes them
+    (every node may have its own folder). A collective: no rank writes
+    before every rank has looked."""
+    found = prediction_files(out_dir)
+    if found and overwrite and int(os.environ.get("LOCAL_RANK", 0)) == 0:
+        for name in found:
+            try:
+                os.remove(osp.join(out_dir, name))
+            except FileNotFoundError:  # another node's process, on a shared folder
+                pass
+    refused = torch.tensor([float(bool(found) and not overwrite)], device=default_device())
+    if max_over_ranks(refused).item():
+        where = ", ".join(found) if found else "on another rank's node"
+        raise FileExistsError(f"'{out_dir}' holds predictions ({where}): pass --overwrite "
+                              f"(overwrite=True) to replace them")
 
 
 def load_predictions(out_dir: str) -> Tuple[Tensor, Tensor]:

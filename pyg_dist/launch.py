@@ -33,23 +33,16 @@ def run_prediction(root: str, model_dir: str, out: str, overwrite: bool = False,
     :obj:`model_dir` on every rank (one per partition of :obj:`root`),
     writing into :obj:`out`. The partition, the model's files and width and
     :obj:`out` are checked first (:func:`~pyg_dist.preflight.check_prediction`);
-    with :obj:`overwrite`, earlier predictions in :obj:`out` are removed
-    then, before any rank joins the group."""
-    from pyg_dist.inference import predict, prediction_files
+    with :obj:`overwrite`, the ranks remove earlier predictions in
+    :obj:`out` before any of them writes."""
+    from pyg_dist.inference import predict
     from pyg_dist.preflight import check_prediction
     from pyg_dist.train import load_model
     spec = check_prediction(root, model_dir, out, overwrite)
     model = load_model(model_dir)
-    # One process per node removes (every node may hold an --out): no rank writes
-    # before every rank has joined the group, so none of this run's files goes.
-    if overwrite and int(os.environ.get("LOCAL_RANK", 0)) == 0:
-        for name in prediction_files(out):
-            try:
-                os.remove(os.path.join(out, name))
-            except FileNotFoundError:  # another node's process, on a shared folder
-                pass
     source = {"model_dir": os.path.abspath(model_dir), "model.pt": spec["files"]["model.pt"]}
-    run_ranks(functools.partial(predict, progress=progress, source=source),
+    run_ranks(functools.partial(predict, progress=progress, source=source,
+                                overwrite=overwrite),
               (model, root, out), root, None, timeout)
 
 

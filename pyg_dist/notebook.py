@@ -24,7 +24,7 @@ every :data:`BAR_INTERVAL` seconds, each on a line of its own). An exception
 on a rank is raised here as a :class:`RankError` with every failed rank's
 traceback. The group stays up when every other rank answered and no
 collective failed. It is down, and its ranks are stopped, when a rank died
-or was stopped (SIGSTOP) for :data:`~pyg_dist.distributed.STOPPED_GRACE`
+or was stopped (SIGSTOP) for ``min(timeout, STOPPED_GRACE)``
 seconds, when a collective failed (timed out after ``start``'s
 :obj:`timeout`, or lost its peer), or when a rank has not answered
 :data:`ANSWER_GRACE` seconds after another failed (as a rank waiting for the
@@ -39,19 +39,18 @@ import os
 import pickle
 import queue
 import re
-import signal
-import threading
 import time
 import traceback
 import types
-from contextlib import contextmanager, redirect_stderr, redirect_stdout
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from contextlib import redirect_stderr, redirect_stdout
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
-from pyg_dist.distributed import (DEFAULT_TIMEOUT, STOPPED_GRACE, died_message, is_stopped,
-                                  die_with_parent, dumps, free_port, init, rank_threads)
+from pyg_dist.distributed import (DEFAULT_TIMEOUT, STOPPED_GRACE, died_message,
+                                  die_with_parent, dumps, free_port, init, rank_threads,
+                                  silent_failure, starting_ranks)
 
 #: This rank's variables, kept between calls (on the ranks; empty here).
 state = types.SimpleNamespace()
@@ -64,6 +63,9 @@ ANSWER_GRACE = 10.0
 #: or a collective failed): a rank in a collective with the lost one fails as
 #: soon as its connections close.
 DOWN_GRACE = 3.0
+
+#: Lines shown after the ranks' answers, at most, before late ranks are stopped.
+DRAIN_LINES = 10_000
 
 #: Seconds between two redraws of a rank's progress bar shown in the notebook
 #: (each on a line of its own: the ranks' bars cannot share one line).
@@ -84,21 +86,6 @@ class RankError(RuntimeError):
                                f"new ones with pyg_dist.notebook.start()")
         super().__init__("\n".join(f"rank {r}:\n{tb.rstrip()}"
                                    for r, tb in sorted(tracebacks.items())) + f"\n({fate})")
-
-
-@contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    r"""SIGINT ignored in this process (main thread only) inside the block,
-    so that processes started in it ignore it from their first instruction
-    (an interrupt of the notebook signals its whole process group)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 class _Printed(io.TextIOBase):
@@ -146,9 +133,13 @@ _GROUP_ERROR = re.compile(r"/gloo/|Connection (closed|reset) by peer|Timed out w
 def _breaks_group(error: BaseException) -> Optional[str]:
     r"""One line saying why :obj:`error` leaves the group unusable, or
     ``None`` if it does not."""
-    text = f"{type(error).__name__}: {error}".strip()
-    if isinstance(error, dist.DistError) or _GROUP_ERROR.search(text):
-        return text.splitlines()[0]
+    seen = set()
+    while error is not None and id(error) not in seen:  # a user's error may wrap it
+        seen.add(id(error))
+        text = f"{type(error).__name__}: {error}".strip()
+        if isinstance(error, dist.DistError) or _GROUP_ERROR.search(text):
+            return text.splitlines()[0]
+        error = error.__cause__ or error.__context__
     return None
 
 
@@ -191,14 +182,14 @@ class Ranks:
         if nprocs < 1:
             raise ValueError(f"nprocs must be >= 1 (got {nprocs})")
         ctx = torch.multiprocessing.get_context("spawn")
-        self.nprocs = nprocs
+        self.nprocs, self.timeout = nprocs, timeout
         self._outbox = ctx.Queue()
         self._inboxes = [ctx.Queue() for _ in range(nprocs)]
         port, threads = free_port(), threads or rank_threads(nprocs)
         self._procs = [ctx.Process(target=_serve, daemon=True, args=(
             r, nprocs, port, backend, timeout, threads, self._inboxes[r], self._outbox,
             os.getpid())) for r in range(nprocs)]
-        with _sigint_ignored():  # inherited: an interrupt never reaches a rank
+        with starting_ranks():  # inherited: an interrupt never reaches a rank
             for p in self._procs:
                 p.start()
         _started.append(self)
@@ -281,26 +272,23 @@ class Ranks:
             for r, p in enumerate(self._procs):
                 if r in answers:
                     continue
-                if not p.is_alive() and self._outbox.empty():
-                    answers[r] = (False, died_message(r, p.exitcode))
-                elif is_stopped(p.pid):  # SIGSTOP, a hung device
-                    if now - stopped.setdefault(r, now) > STOPPED_GRACE:
-                        p.kill()
-                        answers[r] = (False, f"rank {r} was stopped (SIGSTOP) for more "
-                                             f"than {STOPPED_GRACE:g} s: killed")
-                else:
-                    stopped.pop(r, None)
-                if r in answers:  # it died or was killed: its peers cannot go on
-                    down = down or answers[r][1]
+                fate = silent_failure(r, p, stopped, min(self.timeout, STOPPED_GRACE), now,
+                                      self._outbox.empty())
+                if fate is not None:  # it died or was killed: its peers cannot go on
+                    answers[r] = (False, fate)
+                    down = down or fate
             if failed_at is None and any(not a[0] for a in answers.values()):
                 failed_at = time.monotonic()
-        while True:  # the lines of ranks that had not answered, before they are stopped
+        # The lines still queued (a rank that has not answered may print on:
+        # a bounded number, then it is stopped).
+        for _ in range(DRAIN_LINES):
             try:
                 message = self._outbox.get_nowait()
             except queue.Empty:
-                return answers, down
+                break
             if message[0] == "print":
                 print(f"[rank {message[1]}] {message[2]}", flush=True)
+        return answers, down
 
     def stop(self, now: bool = False) -> None:
         r"""Ends the ranks (and their state). Without :obj:`now` they finish

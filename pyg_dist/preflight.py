@@ -13,8 +13,9 @@ files and its input width. Every problem is one line naming the file or
 flag and what is wrong; all of them are raised together as one
 :class:`PreflightError`.
 
-Files are read and checksummed (:func:`~pyg_dist.integrity.verify`), never
-unpickled, so the checks cost about one read of the files. Under
+Files are read and checksummed (:func:`~pyg_dist.integrity.verify`), not
+unpickled (but ``batches.pt``, small, whose batches are checked too), so
+the checks cost about one read of the files. Under
 ``torchrun`` each rank runs them for its own files before it joins the
 group.
 """
@@ -80,9 +81,10 @@ def check_batch_parts(root: str, meta: Dict[str, Any], ranks: Sequence[int],
     describes."""
     from pyg_dist.loader.cohesive.balance import BATCH_PARTS_DIR, batch_part_file
     folder = osp.join(root, BATCH_PARTS_DIR)
-    if not osp.isdir(folder):
-        return
-    for batch in sorted(int(b) for b in os.listdir(folder) if b.isdigit()):
+    on_disk = [b for b in os.listdir(folder) if b.isdigit()] if osp.isdir(folder) else []
+    listed = [name.split("/")[1] for name in meta["files"]
+              if name.startswith(BATCH_PARTS_DIR + "/")]  # a removed folder too
+    for batch in sorted({int(b) for b in on_disk + listed}):
         for rank in ranks:
             check_file(root, meta, osp.relpath(batch_part_file(root, batch, rank), root),
                        problems)
@@ -159,6 +161,9 @@ def check_training(root: str, config, out_dir: Optional[str] = None,
         problems.add(writable_dir("--out", out_dir))
     if config.checkpoint_every and config.checkpoint_dir:  # the default is inside --out
         problems.add(writable_dir("--checkpoint-dir", config.checkpoint_dir))
+    if config.checkpoint_every and not config.resume and meta is not None:
+        from pyg_dist.train import checkpointer
+        problems.check(checkpointer, root, config, out_dir, 1)  # a folder to write to
     problems.check(claim_out_dir, out_dir, config)
     problems.raise_any()
 

@@ -491,9 +491,6 @@ def load_model(out_dir: str) -> torch.nn.Module:
     model = build_model(TrainConfig.from_dict(spec["config"]), spec["in_channels"],
                         spec["out_channels"])
     path = osp.join(out_dir, "model.pt")
-    if not osp.exists(path):
-        raise FileNotFoundError(f"'{path}' does not exist ('{out_dir}/model.json' "
-                                f"describes it)")
     state = load_checked(path, spec["files"]["model.pt"])
     try:
         model.load_state_dict(state)

@@ -17,9 +17,9 @@ def pyg_dist_cli(*args, env=None):
 def test_negative_values_are_values():
     assert _negative_values_attached(["train", "--fanout", "-1,-1,-1", "--seed", "-3"]) == \
         ["train", "--fanout=-1,-1,-1", "--seed=-3"]
-    # a flag after a flag stays a flag
-    assert _negative_values_attached(["--no-progress", "--fanout=5,5"]) == \
-        ["--no-progress", "--fanout=5,5"]
+    # a flag that takes no value stays itself; a value given with = is kept
+    assert _negative_values_attached(["--overwrite", "--fanout=-1,5", "--lr", "1e-3"]) == \
+        ["--overwrite", "--fanout=-1,5", "--lr", "1e-3"]
 
 
 def test_fanout_all_neighbours_as_the_readme_writes_it(tmp_path):

@@ -285,3 +285,39 @@ def test_ctrl_c_checkpoints_and_stops_in_one_line(tmp_path):
     assert "TrainingStopped" in open(log).read()
     os.remove(log)
     assert os.path.exists(os.path.join(out, "checkpoint", "latest.json"))
+
+
+def test_killed_rank_of_a_cli_run_is_two_lines_without_warnings(tmp_path):
+    r"""``kill -9`` of rank 0 (which hosts the store) in a real ``pyg-dist
+    train`` with the user's warning settings: stderr is the cause and the
+    log's name, no C++ frames of the lost store and no torch warnings."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    root, out = str(tmp_path / "parts"), str(tmp_path / "run")
+    cli = [sys.executable, "-m", "pyg_dist.cli"]
+    subprocess.run(cli + ["partition", "--num-parts", "2", "--root", root, "--num-nodes",
+                          "2000"], check=True, capture_output=True, timeout=120, env=env)
+    launcher = _train_past_epoch_1(
+        cli + ["train", "--root", root, "--out", out, "--hidden", "8", "--no-progress",
+               "--no-plots", "--epochs", "100000"], out, env)
+    ranks = sorted(p for p in _children(launcher.pid)
+                   if "spawn_main" in open(f"/proc/{p}/cmdline").read())
+    os.kill(ranks[0], signal.SIGKILL)
+    _, err = launcher.communicate(timeout=60)
+    lines = err.strip().splitlines()
+    assert launcher.returncode == 1 and len(lines) == 2, err[-3000:]
+    assert lines[0] == "pyg-dist train: error: rank 0 died (killed by SIGKILL)"
+    log = lines[1].split(": ", 1)[1].rstrip(")")
+    assert lines[1].startswith("(tracebacks of every rank: ") and os.path.exists(log)
+    os.remove(log)
+
+
+def test_ctrl_c_of_a_single_rank_run_is_one_line(graph, tmp_path):
+    root, out = str(tmp_path / "parts"), str(tmp_path / "run")
+    pyg_dist.partition_graph(graph, 1, root=root)
+    launcher = _train_past_epoch_1(
+        [sys.executable, "-m", "pyg_dist.cli", "train", "--root", root, "--out", out,
+         "--hidden", "8", "--no-progress", "--no-plots", "--epochs", "100000"], out,
+        dict(os.environ, PYTHONWARNINGS="ignore"))
+    launcher.send_signal(signal.SIGINT)
+    _, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 130 and err.strip() == "pyg-dist train: interrupted (Ctrl-C)"

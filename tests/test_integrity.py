@@ -5,6 +5,7 @@ import json
 import os
 import os.path as osp
 import re
+import shutil
 
 import pytest
 import torch
@@ -200,6 +201,9 @@ def test_a_flipped_byte_in_a_balanced_batch_part_is_refused(batches, graph):
         check_training(root, config)
     with pytest.raises(CorruptFileError, match=re.escape(f"'{path}' is corrupt")):
         load_batch_part(root, 1, 1, 2)
+    shutil.rmtree(osp.dirname(path))  # a batch's folder lost: meta.json still lists it
+    with pytest.raises(PreflightError, match=re.escape(f"'{path}' is missing")):
+        check_training(root, config)
 
 
 def test_batches_that_do_not_fit_the_graph_are_refused(graph, tmp_path):

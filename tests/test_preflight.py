@@ -1,6 +1,7 @@
 """Everything the launcher can check is checked before any rank starts:
 ``pyg-dist train`` and ``pyg-dist predict`` refuse a bad file, world size,
 folder or model in one line naming it, and leave earlier results whole."""
+import functools
 import json
 import os
 import os.path as osp
@@ -112,6 +113,24 @@ def test_an_index_of_garbage_bytes_is_named(one_part, tmp_path, capsys, name):
     assert "not UTF-8 JSON" in err
 
 
+@pytest.mark.parametrize("damage", ["num_parts", "files", "parts"])
+def test_a_meta_json_of_valid_json_but_damaged_is_named(one_part, capsys, damage):
+    path = osp.join(one_part, "meta.json")
+    meta = json.load(open(path))
+    if damage == "num_parts":  # a flipped bit in a key: still JSON
+        meta["num_partz"] = meta.pop("num_parts")
+    else:
+        meta[damage] = "damaged"
+    json.dump(meta, open(path, "w"))
+    err = _refused(capsys, "train", ["--root", one_part, *TRAIN], path)
+    assert f"its '{damage}' is missing or not a" in err
+
+
+def test_checkpoints_with_nowhere_to_go_are_refused(one_part, capsys):
+    _refused(capsys, "train", ["--root", one_part, *TRAIN, "--checkpoint-every", "1"],
+             "checkpoints need a directory")
+
+
 def test_world_size_other_than_the_parts(parts, capsys):
     _refused(capsys, "train", ["--root", parts, "--nproc", "3", *TRAIN],
              "holds 2 partitions but 3 ranks would start")
@@ -179,6 +198,21 @@ def test_overwrite_keeps_the_old_run_when_the_new_one_is_refused(one_part, tmp_p
         assert open(osp.join(out, name), "rb").read() == data, name
 
 
+def test_overwrite_waits_for_every_rank_s_inputs(parts, tmp_path):
+    r"""Two ranks in train() directly: rank 0's inputs are whole, rank 1's
+    part is corrupt; rank 0 must not remove the old run before rank 1 has
+    read its part."""
+    out = str(tmp_path / "run")
+    pyg_dist.spawn(train, 2, (parts, TrainConfig(hidden=8, epochs=1, progress=False), out),
+                   timeout=60)
+    before = open(osp.join(out, "model.pt"), "rb").read()
+    flip_bytes(osp.join(parts, "part_1.pt"), 200)
+    with pytest.raises(RuntimeError, match="part_1.pt' is corrupt"):
+        pyg_dist.spawn(train, 2, (parts, TrainConfig(hidden=8, epochs=1, progress=False,
+                                                     overwrite=True), out), timeout=60)
+    assert open(osp.join(out, "model.pt"), "rb").read() == before
+
+
 def test_a_resume_that_cannot_continue_is_refused(one_part, tmp_path):
     out = str(tmp_path / "run")
     config = TrainConfig(hidden=8, epochs=2, progress=False, checkpoint_every=1)
@@ -243,3 +277,14 @@ def test_predictions_of_another_run_are_never_mixed(parts, one_part, model_dir, 
     from pyg_dist.inference import load_predictions
     n_id, pred_ = load_predictions(pred)
     assert torch.equal(n_id.sort().values, torch.arange(240)) and pred_.numel() == 240
+    # the Python API in the ranks (no launcher) keeps the same rule, and
+    # leaves files that are not predictions alone
+    from pyg_dist.train import load_model
+    open(osp.join(pred, "pred_backup.pt"), "w").write("the user's own file")
+    model = load_model(model_dir)
+    with pytest.raises(RuntimeError, match="holds predictions .*pass --overwrite"):
+        pyg_dist.spawn(pyg_dist.predict, 2, (model, parts, pred), timeout=60)
+    pyg_dist.spawn(functools.partial(pyg_dist.predict, overwrite=True), 2,
+                   (model, parts, pred), timeout=60)
+    assert sorted(os.listdir(pred)) == ["pred_0.pt", "pred_1.pt", "pred_backup.pt",
+                                        "predictions.json"]

@@ -83,16 +83,25 @@ def estimated_bytes(args: Dict[str, Any]) -> int:
 
 
 def available_memory() -> Optional[int]:
-    r"""Bytes this machine can give a new process (``MemAvailable`` of
-    ``/proc/meminfo``; ``None`` where it cannot be read)."""
+    r"""Bytes this machine can give a new process: ``MemAvailable`` of
+    ``/proc/meminfo``, or less under a cgroup (a container's or a
+    scheduler's) memory limit; ``None`` where neither can be read."""
+    limits = []
     try:
         with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+            limits += [int(line.split()[1]) * 1024 for line in f
+                       if line.startswith("MemAvailable:")]
     except (OSError, ValueError, IndexError):
         pass
-    return None
+    try:  # cgroup v2: the limit minus what the group already uses
+        with open("/sys/fs/cgroup/memory.max") as f, \
+                open("/sys/fs/cgroup/memory.current") as g:
+            limit = f.read().strip()
+            if limit != "max":
+                limits.append(int(limit) - int(g.read()))
+    except (OSError, ValueError):
+        pass
+    return min(limits) if limits else None
 
 
 def check_fits_in_memory(name: str, args: Dict[str, Any]) -> None:

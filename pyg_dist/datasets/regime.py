@@ -23,7 +23,6 @@ seeded with ``seed``, and every step is vectorised.
 """
 from __future__ import annotations
 
-import warnings
 from typing import Any, List, Optional, Tuple
 
 import numpy as np
@@ -32,6 +31,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from pyg_dist.datasets.cache import load_generated
+from pyg_dist.utils.sparse import valid_sparse
 
 _TENSOR_KEYS = ('x', 'y', 'edge_index', 'train_mask', 'val_mask', 'test_mask')
 
@@ -358,8 +358,7 @@ def _neighbour_sum(edge_index: np.ndarray, value: np.ndarray) -> np.ndarray:
     rowptr = np.zeros(N + 1, dtype=np.int64)
     np.cumsum(np.bincount(edge_index[0], minlength=N), out=rowptr[1:])
     col = torch.from_numpy(edge_index[1])
-    with warnings.catch_warnings():  # "CSR support is in beta state"
-        warnings.simplefilter('ignore', UserWarning)
+    with valid_sparse():  # a CSR of the coalesced edge_index
         adj = torch.sparse_csr_tensor(
             torch.from_numpy(rowptr), col,
             torch.ones(col.numel(), dtype=torch.float64), (N, N))

@@ -74,7 +74,7 @@ ROW_WISE_PYG = {
 }
 
 #: torch.nn modules whose output row i depends only on input row i, by
-#: definition, for node features [N, ...] (tests/test_layer_zoo.py checks each
+#: definition, for node features [N, ...] (tests/test_row_wise.py checks each
 #: against a shuffled subset of rows).
 ROW_WISE_TORCH = (
     torch.nn.Linear, torch.nn.Bilinear, torch.nn.Identity, torch.nn.Dropout,

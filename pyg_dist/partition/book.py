@@ -87,7 +87,11 @@ class PartitionBook:
         if not osp.exists(path):
             raise FileNotFoundError(f"Partition book '{path}' is missing; "
                                     f"re-run pyg_dist.partition_graph()")
-        book = load_checked(path, described(meta, BOOK_FILE))
+        recorded = described(meta, BOOK_FILE)
+        if recorded is None:
+            raise CorruptFileError(f"'{osp.join(root, META_FILE)}' records no checksum of "
+                                   f"'{path}': it cannot be checked (partition again)")
+        book = load_checked(path, recorded)
         return cls(book["partptr"], book["perm"], meta)
 
     def __repr__(self) -> str:
@@ -110,7 +114,16 @@ def read_meta(root: str) -> Dict[str, Any]:
         raise RuntimeError(
             f"Partition format version {meta.get('format_version')} in '{path}' "
             f"is not supported (expected {FORMAT_VERSION}); re-partition")
+    for key, kind in _META_FIELDS.items():  # valid JSON can still be damaged
+        if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
+            raise CorruptFileError(f"'{path}' is corrupt: its '{key}' is missing or not "
+                                   f"a {kind.__name__}")
     return meta
+
+
+# What every reader of meta.json relies on, and its JSON type.
+_META_FIELDS = {"num_parts": int, "num_nodes": int, "num_features": int, "graph_hash": str,
+                "files": dict, "parts": list}
 
 
 def described(meta: Dict[str, Any], name: str) -> Optional[Dict[str, int]]:
@@ -119,11 +132,15 @@ def described(meta: Dict[str, Any], name: str) -> Optional[Dict[str, int]]:
     return meta.get("files", {}).get(name)
 
 
-def add_files(root: str, descriptions: Dict[str, Dict[str, int]]) -> None:
+def add_files(root: str, descriptions: Dict[str, Dict[str, int]],
+              replace: Optional[str] = None) -> None:
     r"""Records :obj:`descriptions` (file name relative to :obj:`root` →
     size and checksum) of files written next to the partitions after them
-    (the cohesive batches, the balanced batch parts) in ``meta.json``."""
+    (the cohesive batches, the balanced batch parts) in ``meta.json``,
+    dropping first the files under the folder :obj:`replace` (removed)."""
     meta = read_meta(root)
-    meta["files"] = {**meta.get("files", {}), **descriptions}
+    kept = {name: d for name, d in meta["files"].items()
+            if replace is None or not name.startswith(replace + "/")}
+    meta["files"] = {**kept, **descriptions}
     save_json(meta, osp.join(root, META_FILE))
 

@@ -155,7 +155,7 @@ def save_batch_parts(root: str, data: Data, graph: HopGraph, batch_of: Tensor,
                         graph_hash=graph_hash)
             path = batch_part_file(root, b, r)
             described[osp.relpath(path, root)] = save_checked(item, path)
-    add_files(root, described)  # DistData.read checks every part against it
+    add_files(root, described, replace=BATCH_PARTS_DIR)  # DistData.read checks them
     return loads
 
 

@@ -36,7 +36,7 @@ def save_batches(root: str, batch_of: Tensor, cost: Optional[CostModel] = None) 
     if cost is not None:
         item["cost"] = cost.to_dict()
     shutil.rmtree(osp.join(root, BATCH_PARTS_DIR), ignore_errors=True)  # of older batches
-    add_files(root, {BATCHES_FILE: save_checked(item, path)})
+    add_files(root, {BATCHES_FILE: save_checked(item, path)}, replace=BATCH_PARTS_DIR)
     return path
 
 
