@@ -262,19 +262,27 @@ def test_killed_rank_first_line_names_the_signal(tmp_path):
     assert since[1] < 10, since
 
 
+def _cli_training_on_2_parts(tmp_path, env, *flags: str) -> subprocess.Popen:
+    r"""``pyg-dist partition`` of a 2,000-node default graph into 2 parts,
+    then ``pyg-dist train`` of it into ``tmp_path/run`` (with :obj:`flags`),
+    running past its first epoch."""
+    root, out = str(tmp_path / "parts"), str(tmp_path / "run")
+    cli = [sys.executable, "-m", "pyg_dist.cli"]
+    subprocess.run(cli + ["partition", "--num-parts", "2", "--root", root, "--num-nodes",
+                          "2000"], check=True, capture_output=True, timeout=120, env=env)
+    return _train_past_epoch_1(
+        cli + ["train", "--root", root, "--out", out, "--hidden", "8", "--no-progress",
+               "--no-plots", "--epochs", "100000", *flags], out, env)
+
+
 def test_ctrl_c_checkpoints_and_stops_in_one_line(tmp_path):
     r"""Ctrl-C (SIGINT) to `pyg-dist train` ends like SIGTERM: every rank
     ends its epoch and checkpoints, and the launcher prints one line that
     says so (no KeyboardInterrupt traceback) and where the ranks'
     tracebacks are."""
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    root, out = str(tmp_path / "parts"), str(tmp_path / "run")
-    cli = [sys.executable, "-m", "pyg_dist.cli"]
-    subprocess.run(cli + ["partition", "--num-parts", "2", "--root", root, "--num-nodes",
-                          "2000"], check=True, capture_output=True, timeout=120, env=env)
-    launcher = _train_past_epoch_1(
-        cli + ["train", "--root", root, "--out", out, "--hidden", "8", "--no-progress",
-               "--no-plots", "--checkpoint-every", "1", "--epochs", "100000"], out, env)
+    out = str(tmp_path / "run")
+    launcher = _cli_training_on_2_parts(tmp_path, dict(os.environ, PYTHONWARNINGS="ignore"),
+                                        "--checkpoint-every", "1")
     launcher.send_signal(signal.SIGINT)
     _, err = launcher.communicate(timeout=60)
     lines = err.strip().splitlines()
@@ -291,14 +299,8 @@ def test_killed_rank_of_a_cli_run_is_two_lines_without_warnings(tmp_path):
     r"""``kill -9`` of rank 0 (which hosts the store) in a real ``pyg-dist
     train`` with the user's warning settings: stderr is the cause and the
     log's name, no C++ frames of the lost store and no torch warnings."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
-    root, out = str(tmp_path / "parts"), str(tmp_path / "run")
-    cli = [sys.executable, "-m", "pyg_dist.cli"]
-    subprocess.run(cli + ["partition", "--num-parts", "2", "--root", root, "--num-nodes",
-                          "2000"], check=True, capture_output=True, timeout=120, env=env)
-    launcher = _train_past_epoch_1(
-        cli + ["train", "--root", root, "--out", out, "--hidden", "8", "--no-progress",
-               "--no-plots", "--epochs", "100000"], out, env)
+    launcher = _cli_training_on_2_parts(
+        tmp_path, {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"})
     ranks = sorted(p for p in _children(launcher.pid)
                    if "spawn_main" in open(f"/proc/{p}/cmdline").read())
     os.kill(ranks[0], signal.SIGKILL)
