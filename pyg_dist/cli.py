@@ -214,17 +214,16 @@ def _add_dataset_args(p: argparse.ArgumentParser) -> None:
 
 def _check_writable_dir(command: str, flag: str, path: str) -> None:
     r"""Refuses, in one line, a directory argument that is a file or that
-    cannot be created or written (before any work)."""
-    if osp.exists(path) and not osp.isdir(path):
-        raise SystemExit(f"pyg-dist {command}: error: {flag} '{path}' is a file, not a "
-                         f"directory")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        raise SystemExit(f"pyg-dist {command}: error: cannot create {flag} '{path}': "
-                         f"{e.strerror}")
-    if not os.access(path, os.W_OK):
-        raise SystemExit(f"pyg-dist {command}: error: {flag} '{path}' is not writable")
+    cannot be created or written (before any work); creates it."""
+    from pyg_dist.preflight import writable_dir
+    problem = writable_dir(flag, path)
+    if problem is None:
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as e:  # what permissions do not tell: a full or read-only disk
+            problem = f"cannot create {flag} '{path}': {e.strerror}"
+    if problem is not None:
+        raise SystemExit(f"pyg-dist {command}: error: {problem}")
 
 
 def cmd_partition(args: argparse.Namespace) -> None:

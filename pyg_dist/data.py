@@ -86,10 +86,7 @@ class DistData(Data):
         r"""The part file :obj:`path` of the partitioning in :obj:`root`
         (whose ``meta.json`` is :obj:`meta`), refused unless its format
         version, graph hash, part count and the :obj:`expected` keys match."""
-        recorded = described(meta, osp.relpath(path, root))
-        if recorded is None:
-            raise CorruptFileError(f"'{osp.join(root, 'meta.json')}' records no checksum of "
-                                   f"'{path}': it cannot be checked (partition again)")
+        recorded = described(root, meta, osp.relpath(path, root))
         corrupt = None
         try:
             item = load_checked(path, recorded)

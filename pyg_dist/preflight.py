@@ -5,19 +5,18 @@ and :func:`check_prediction` (``pyg-dist predict``) look at what a run will
 read and write before any rank exists: ``meta.json``; every part file the
 run reads (and ``train_graph/``'s for inductive training, ``batches.pt``
 and the balanced batch parts for the cohesive loader) against the size
-and checksum ``meta.json`` records; the world size against the number of parts; that the output
-folders can be created and written; for a resumed run ``latest.json``
-(the run's identity) and every rank's checkpoint file against its
-sidecar; that the graph has training nodes; for a prediction the model's
-files and its input width. Every problem is one line naming the file or
-flag and what is wrong; all of them are raised together as one
+and checksum ``meta.json`` records; the world size against the number of
+parts; that the output folders can be created and written; for a resumed
+run ``latest.json`` (the run's identity) and every rank's checkpoint file
+against its sidecar; that the graph has training nodes; for a prediction
+the model's files and its input width. Every problem is one line naming
+the file or flag and what is wrong; all of them are raised together as one
 :class:`PreflightError`.
 
 Files are read and checksummed (:func:`~pyg_dist.integrity.verify`), not
 unpickled (but ``batches.pt``, small, whose batches are checked too), so
-the checks cost about one read of the files. Under
-``torchrun`` each rank runs them for its own files before it joins the
-group.
+the checks cost about one read of the files. Under ``torchrun`` each rank
+runs them for its own files before it joins the group.
 """
 import os
 import os.path as osp
@@ -102,15 +101,19 @@ def check_file(root: str, meta: Dict[str, Any], name: str, problems: _Problems) 
     r"""File :obj:`name` of :obj:`root` exists and holds the bytes
     ``meta.json`` (:obj:`meta`) describes."""
     path = osp.join(root, name)
-    if not osp.lexists(path):
-        problems.append(f"'{path}' is missing ({META_FILE} lists it)")
-        return
-    expected = described(meta, name)
-    if expected is None:
-        problems.append(f"'{osp.join(root, META_FILE)}' records no checksum of '{path}': it "
-                        f"cannot be checked (write the partitions again)")
-        return
-    problems.check(verify, path, expected)
+    if check_exists(path, osp.join(root, META_FILE), problems):
+        expected = problems.check(described, root, meta, name)
+        if expected is not None:
+            problems.check(verify, path, expected)
+
+
+def check_exists(path: str, index: str, problems: _Problems) -> bool:
+    r"""Whether :obj:`path`, which the file :obj:`index` describes, exists
+    (recorded as a problem where it does not)."""
+    if osp.lexists(path):
+        return True
+    problems.append(f"'{path}' is missing ('{index}' describes it)")
+    return False
 
 
 def writable_dir(flag: str, path: str) -> Optional[str]:
@@ -206,10 +209,7 @@ def check_prediction(root: str, model_dir: str, out_dir: Optional[str],
     spec = problems.check(model_spec, model_dir)
     if spec is not None:
         path = osp.join(model_dir, "model.pt")
-        if not osp.lexists(path):
-            problems.append(f"'{path}' is missing ('{osp.join(model_dir, 'model.json')}' "
-                            f"describes it)")
-        else:
+        if check_exists(path, osp.join(model_dir, "model.json"), problems):
             problems.check(verify, path, spec["files"]["model.pt"])
         if meta is not None and spec["in_channels"] != meta["num_features"]:
             problems.append(f"the model in '{model_dir}' takes {spec['in_channels']} input "

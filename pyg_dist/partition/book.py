@@ -87,11 +87,7 @@ class PartitionBook:
         if not osp.exists(path):
             raise FileNotFoundError(f"Partition book '{path}' is missing; "
                                     f"re-run pyg_dist.partition_graph()")
-        recorded = described(meta, BOOK_FILE)
-        if recorded is None:
-            raise CorruptFileError(f"'{osp.join(root, META_FILE)}' records no checksum of "
-                                   f"'{path}': it cannot be checked (partition again)")
-        book = load_checked(path, recorded)
+        book = load_checked(path, described(root, meta, BOOK_FILE))
         return cls(book["partptr"], book["perm"], meta)
 
     def __repr__(self) -> str:
@@ -126,10 +122,16 @@ _META_FIELDS = {"num_parts": int, "num_nodes": int, "num_features": int, "graph_
                 "files": dict, "parts": list}
 
 
-def described(meta: Dict[str, Any], name: str) -> Optional[Dict[str, int]]:
-    r"""The size and checksum ``meta.json`` records for file :obj:`name`
-    (``None`` where it records none)."""
-    return meta.get("files", {}).get(name)
+def described(root: str, meta: Dict[str, Any], name: str) -> Dict[str, int]:
+    r"""The size and checksum ``meta.json`` (:obj:`meta`) of :obj:`root`
+    records for its file :obj:`name`; a file it does not describe is
+    refused (:class:`CorruptFileError`): it could not be checked."""
+    recorded = meta["files"].get(name)
+    if recorded is None:
+        raise CorruptFileError(f"'{osp.join(root, META_FILE)}' records no checksum of "
+                               f"'{osp.join(root, name)}': it cannot be checked (write it "
+                               f"again with pyg-dist partition)")
+    return recorded
 
 
 def add_files(root: str, descriptions: Dict[str, Dict[str, int]],

@@ -18,8 +18,7 @@ from pyg_dist.loader.cohesive.balance import (BATCH_PARTS_DIR, has_batch_parts,
 from pyg_dist.loader.cohesive.batch_partition import cohesive_batches
 from pyg_dist.loader.cohesive.batch_plan import BatchGraph, batch_subgraph, sample_layers
 from pyg_dist.loader.cohesive.cost import MODEL_KINDS, CostModel, HopGraph
-from pyg_dist.partition.book import META_FILE, add_files, read_meta
-from pyg_dist.partition.book import described as described_in
+from pyg_dist.partition.book import add_files, described, read_meta
 from pyg_dist.sampler import BoundarySampler
 
 BATCHES_FILE = "batches.pt"
@@ -50,12 +49,7 @@ def _read_batches(root: str) -> dict:
     if not osp.exists(path):
         raise FileNotFoundError(f"'{path}' is missing: compute the batches with "
                                 f"pyg_dist.loader.cohesive_batches and save_batches")
-    described = described_in(meta, BATCHES_FILE)
-    if described is None:
-        raise CorruptFileError(f"'{osp.join(root, META_FILE)}' records no checksum of "
-                               f"'{path}': it cannot be checked (write the batches again "
-                               f"with pyg-dist partition --num-batches M)")
-    item = load_checked(path, described)
+    item = load_checked(path, described(root, meta, BATCHES_FILE))
     batch_of = item.get("batch_of") if isinstance(item, dict) else None
     if not isinstance(batch_of, Tensor):
         raise CorruptFileError(f"'{path}' is not a pyg_dist batch file")
