@@ -2,13 +2,14 @@
 import os.path as osp
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
 from torch_geometric.data import Data
 
 from pyg_dist.utils import csr
-from pyg_dist.integrity import CorruptFileError, load_checked
+from pyg_dist.integrity import CorruptFileError, load_checked, verify
 from pyg_dist.partition.book import FORMAT_VERSION, described, part_file, read_meta
 
 # Per-partition bookkeeping kept as attributes but not node/edge features.
@@ -106,6 +107,8 @@ class DistData(Data):
                     f"(files from different partitionings mixed?)")
         if corrupt is not None:  # of this partitioning, yet not the bytes it recorded
             raise corrupt
+        if "x_file" in item:  # written apart (partition --from): mapped, not read
+            item["x"] = _mapped_features(root, meta, item.pop("x_file"))
         _validate(item, path)
         data = cls(**item)
         data.num_nodes = data.num_inner
@@ -127,6 +130,15 @@ class DistData(Data):
                 f"num_inner={self.num_inner}, num_halo={self.num_halo}, "
                 f"num_edges={self.edge_index.size(1)}, "
                 f"num_features={self.num_features})")
+
+
+def _mapped_features(root: str, meta: dict, name: str) -> Tensor:
+    r"""The feature rows in ``root/name``, checked against ``meta.json``
+    (read once in chunks) and then memory-mapped copy-on-write: the rank's
+    memory holds the pages it touches, shared with the page cache."""
+    path = osp.join(root, name)
+    verify(path, described(root, meta, name))
+    return torch.from_numpy(np.load(path, mmap_mode="c"))
 
 
 def _readable(path: str):

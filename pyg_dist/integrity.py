@@ -55,6 +55,56 @@ def sum64(payload) -> int:
     return (int(total) + tail) % 2**64
 
 
+class Sum64:
+    r""":func:`sum64` of bytes fed in pieces of any size (a file written or
+    read in chunks never has to be in memory whole)."""
+
+    def __init__(self):
+        self.size, self._blocks, self._total, self._rest = 0, 0, 0, b""
+
+    def update(self, payload) -> None:
+        payload = self._rest + bytes(payload)
+        self.size += len(payload) - len(self._rest)
+        full = len(payload) // 4096 * 4096
+        if full:
+            blocks = np.frombuffer(payload, dtype="<u8", count=full // 8).reshape(-1, 512)
+            with np.errstate(over="ignore"):
+                sums = blocks.sum(axis=1, dtype=np.uint64)
+                weights = 2 * np.arange(self._blocks, self._blocks + len(sums),
+                                        dtype=np.uint64) + 1
+                self._total = (self._total + int(np.dot(sums, weights))) % 2**64
+            self._blocks += len(sums)
+        self._rest = payload[full:]
+
+    def describe(self) -> Description:
+        r"""The description of the bytes fed so far."""
+        n = len(self._rest) // 8
+        words = np.frombuffer(self._rest, dtype="<u8", count=n)
+        with np.errstate(over="ignore"):
+            last = int(words.sum(dtype=np.uint64)) * (2 * self._blocks + 1)
+        tail = int.from_bytes(self._rest[n * 8:], "little")
+        return {"bytes": self.size, "sum64": (self._total + last + tail) % 2**64}
+
+
+def describe_file(path: str, chunk: int = 64 << 20) -> Description:
+    r"""The description of the file :obj:`path`, read in chunks of
+    :obj:`chunk` bytes (memory stays bounded whatever its size)."""
+    digest = Sum64()
+    try:
+        with open(path, "rb") as f:
+            while piece := f.read(chunk):
+                digest.update(piece)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"'{path}' does not exist") from e
+    except PermissionError as e:
+        raise UnreadableFileError(f"cannot read '{path}': permission denied") from e
+    except IsADirectoryError as e:
+        raise UnreadableFileError(f"cannot read '{path}': it is a directory") from e
+    except OSError as e:
+        raise UnreadableFileError(f"cannot read '{path}': {e.strerror or e}") from e
+    return digest.describe()
+
+
 def save_checked(obj: Any, path: str) -> Description:
     r"""Saves :obj:`obj` to :obj:`path` atomically; returns its description."""
     buffer = io.BytesIO()
@@ -105,8 +155,14 @@ def check_bytes(path: str, payload, expected: Description) -> None:
 def verify(path: str, expected: Description) -> None:
     r"""Checks that :obj:`path` holds the bytes :obj:`expected` describes,
     without unpickling them (what a launcher can do before any rank
-    starts: reading and :func:`sum64` run at disk speed)."""
-    check_bytes(path, read_bytes(path), expected)
+    starts: reading and :func:`sum64` run at disk speed, in chunks)."""
+    found = describe_file(path)
+    if found["bytes"] != expected["bytes"]:
+        raise CorruptFileError(f"'{path}' is corrupt, truncated or of another run: "
+                               f"{found['bytes']} bytes, its index says {expected['bytes']}")
+    if found["sum64"] != expected["sum64"]:
+        raise CorruptFileError(f"'{path}' is corrupt or of another run: its checksum "
+                               f"differs from the one its index records")
 
 
 def read_json(path: str) -> Any:

@@ -19,6 +19,12 @@ def part_file(root: str, rank: int) -> str:
     return osp.join(root, f"part_{rank}.pt")
 
 
+def features_file(rank: int) -> str:
+    r"""The name of part :obj:`rank`'s feature rows when they are kept
+    apart from its part file (``.npy``, memory-mapped by the rank)."""
+    return f"part_{rank}_x.npy"
+
+
 def owner_of(global_id: Tensor, partptr: Tensor) -> Tensor:
     r"""The part that owns each relabelled global id (parts own contiguous
     ranges ``partptr[r]:partptr[r + 1]``)."""

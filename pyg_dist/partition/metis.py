@@ -48,23 +48,30 @@ def metis_assignment(
     if num_parts == 1:
         return torch.zeros(num_nodes, dtype=torch.long)
     rowptr, col = symmetric_csr(edge_index, num_nodes)
+    assignment = metis_csr_assignment(rowptr.numpy(), col.numpy(), num_parts, objective, seed)
+    if balance_masks is not None:
+        rebalance(assignment, rowptr, col, balance_masks, num_parts, tolerance)
+    return assignment
+
+
+def metis_csr_assignment(rowptr: np.ndarray, col: np.ndarray, num_parts: int,
+                         objective: str = "vol", seed: int = 0) -> Tensor:
+    r"""METIS' k-way partition of the symmetric, loop-free CSR graph
+    (``rowptr``, ``col``; ``col`` may be memory-mapped)."""
     try:
         import pymetis
     except ImportError:  # a required dependency, but degrade gracefully
-        return _compiled_metis(rowptr, col, num_parts)
+        return _compiled_metis(torch.from_numpy(rowptr), torch.from_numpy(col), num_parts)
 
     objtype = pymetis.ObjType.VOL if objective == "vol" else pymetis.ObjType.CUT
     options = pymetis.Options(seed=int(seed), objtype=int(objtype))
     _, parts = pymetis.part_graph(
         num_parts,
-        pymetis.CSRAdjacency(adj_starts=rowptr.numpy(), adjacent=col.numpy()),
+        pymetis.CSRAdjacency(adj_starts=rowptr, adjacent=col),
         recursive=False,
         options=options,
     )
-    assignment = torch.as_tensor(np.asarray(parts), dtype=torch.long)
-    if balance_masks is not None:
-        rebalance(assignment, rowptr, col, balance_masks, num_parts, tolerance)
-    return assignment
+    return torch.as_tensor(np.asarray(parts), dtype=torch.long)
 
 
 def rebalance(assignment: Tensor, rowptr: Tensor, col: Tensor, masks: Tensor,

@@ -2,7 +2,7 @@
 import hashlib
 import os
 import os.path as osp
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -14,7 +14,7 @@ from pyg_dist.partition.block import block_assignment
 from pyg_dist.partition.metis import OBJECTIVES, metis_assignment, random_assignment
 from pyg_dist.version import __version__
 
-METHODS = ("metis", "random", "block")
+METHODS = ("metis", "kaminpar", "random", "block")
 DEFAULT_BALANCE = ("train_mask", "val_mask", "test_mask")
 
 
@@ -57,9 +57,9 @@ def _validate(data: Data, num_parts: int, method: str, objective: str,
 
 
 def partition_graph(
-    data: Data,
+    data: Union[Data, str],
     num_parts: int,
-    method: str = "metis",
+    method: Optional[str] = None,
     objective: str = "vol",
     balance: Sequence[str] = DEFAULT_BALANCE,
     root: Optional[str] = None,
@@ -73,13 +73,22 @@ def partition_graph(
     ``root/meta.json``, ``root/book.pt`` and one ``root/part_{r}.pt`` per
     part (loaded with :meth:`pyg_dist.DistData.load`).
 
+    :obj:`data` is a :class:`~torch_geometric.data.Data` in memory or the
+    path of a *graph folder* of ``.npy`` files, which is partitioned out of
+    core (:func:`~pyg_dist.partition.from_disk.partition_folder`: memory
+    follows the node count and a chunk of edges; :obj:`root` is required,
+    and the method defaults to ``"kaminpar"``).
+
     Part :math:`r` owns its *inner* nodes :math:`V_r` and keeps every edge
     :math:`(j, i)` with :math:`i \in V_r`; the sources :math:`j \notin V_r`
     are its *halo* nodes, whose rows other ranks send it in every layer.
-    METIS minimises the total communication volume
+    :obj:`method` (default ``"metis"``) ``"metis"`` minimises the total
+    communication volume
     :math:`\sum_r |\mathrm{halo}(r)|` (``objective="vol"``) or the edge cut
     (``"cut"``) on the symmetrised graph, while balancing the node count and
-    every mask named in :obj:`balance` (DistDGL's multi-constraint balance).
+    every mask named in :obj:`balance` (DistDGL's multi-constraint balance);
+    ``"kaminpar"`` minimises the edge cut with KaMinPar's memory-efficient
+    (TeraPart) configuration, then balances the masks the same way.
 
     ``method="block"`` is ByteGNN's GNN-aware partitioner
     (:mod:`~pyg_dist.partition.block`): :obj:`block_hops`-hop blocks around
@@ -97,6 +106,14 @@ def partition_graph(
     only. The result is deterministic for a :obj:`seed`. :obj:`progress`
     shows a bar over the steps (assignment, parts, files).
     """
+    if isinstance(data, (str, os.PathLike)):
+        if root is None or inductive:
+            raise ValueError("a graph folder is partitioned into files: give root "
+                             "(and no inductive, which needs the graph in memory)")
+        from pyg_dist.partition.from_disk import partition_folder
+        return partition_folder(os.fspath(data), num_parts, root, method or "kaminpar",
+                                objective, balance, seed, progress)
+    method = method or "metis"
     balance = tuple(balance)
     _validate(data, num_parts, method, objective, balance)
     if inductive and (root is None or getattr(data, "train_mask", None) is None):
@@ -111,6 +128,9 @@ def partition_graph(
     if method == "metis":
         assignment = metis_assignment(edge_index, num_nodes, num_parts, objective,
                                       masks, seed)
+    elif method == "kaminpar":
+        from pyg_dist.partition.kaminpar import kaminpar_graph_assignment
+        assignment = kaminpar_graph_assignment(edge_index, num_nodes, num_parts, masks, seed)
     elif method == "block":
         if masks is None:
             raise ValueError("method 'block' builds blocks around the nodes of the "

@@ -1,0 +1,356 @@
+r"""Partitioning a graph stored on disk that does not fit in memory.
+
+A *graph folder* holds one ``.npy`` file per array:
+
+=====================  =====================================================
+``src.npy``, ``dst.npy``  edge endpoints, int32 or int64, one edge per position
+``x.npy``                 node features, float32 or float16, one row per node
+``y.npy``                 labels (optional), one row per node
+``*_mask.npy``            ``train_mask``, ``val_mask``, ``test_mask`` (optional, bool)
+=====================  =====================================================
+
+(:func:`~pyg_dist.datasets.write_rmat` writes one; OGB's binary layout is
+converted by :func:`~pyg_dist.datasets.ogb_to_graph_dir`). Every pass reads
+these files in chunks, so memory holds a chunk, node-sized arrays (the
+assignment, the relabelling, the degrees: 8 bytes per node each) and one
+part's edges at a time, never the whole graph:
+
+1. check the files, hash the edges and count degrees (one pass);
+2. write the symmetrised, de-duplicated graph for the partitioner
+   (:func:`~pyg_dist.partition.parhip.write_symmetric`) and partition it
+   (KaMinPar, METIS) — or assign at random;
+3. spill each edge, relabelled, to its target's part (one pass), then sort
+   one part at a time: its halo, then its exchange plan and part file;
+4. copy the feature rows to one ``part_{r}_x.npy`` per part (one pass);
+   ranks memory-map it (:meth:`pyg_dist.DistData.load`).
+
+The parts equal those :func:`~pyg_dist.partition_graph` builds in memory
+for the same assignment, tensor for tensor. ``meta.json`` is written last
+and any old one is removed first, so an interrupted run leaves nothing that
+loads.
+"""
+import hashlib
+import os
+import os.path as osp
+import shutil
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from pyg_dist.integrity import Sum64, save_checked
+from pyg_dist.partition.book import META_FILE, PartitionBook, features_file, part_file
+from pyg_dist.utils.npy import GraphFileError, NpyReader, NpyWriter
+
+MASKS = ("train_mask", "val_mask", "test_mask")
+METHODS = ("kaminpar", "metis", "random")
+# Edges per chunk: the passes hold a few int64 arrays of this length.
+CHUNK_EDGES = 1 << 23
+CHUNK_NODES = 1 << 20
+TMP_DIR = ".partition-tmp"
+
+
+class GraphFolder:
+    r"""The arrays of a graph folder, checked (shapes, dtypes, lengths;
+    every failure is one line naming the file) but not read."""
+
+    def __init__(self, folder: str, balance: Sequence[str] = ()):
+        if not osp.isdir(folder):
+            raise GraphFileError(f"'{folder}' is not a folder (a graph folder holds "
+                                 f"src.npy, dst.npy and x.npy)")
+        self.folder = folder
+        self.src, self.dst, self.x = (NpyReader(self.path(n)) for n in ("src", "dst", "x"))
+        for edge in (self.src, self.dst):
+            if len(edge.shape) != 1 or edge.dtype.kind not in "iu":
+                raise GraphFileError(f"'{edge.path}' must be a 1-D array of integer node "
+                                     f"ids (it is {edge.dtype} of shape {edge.shape})")
+        if len(self.src) != len(self.dst):
+            raise GraphFileError(f"'{self.src.path}' has {len(self.src):,} edges but "
+                                 f"'{self.dst.path}' {len(self.dst):,}")
+        if len(self.x.shape) != 2 or self.x.dtype not in (np.float32, np.float16):
+            raise GraphFileError(f"'{self.x.path}' must be a [num_nodes, F] float32 or "
+                                 f"float16 array (it is {self.x.dtype} of shape {self.x.shape})")
+        self.num_nodes, self.num_edges = len(self.x), len(self.src)
+        self.y = self._node_array("y") if osp.exists(self.path("y")) else None
+        self.masks = {k: self._node_array(k, bool) for k in MASKS if osp.exists(self.path(k))}
+        for key in balance:
+            if key not in self.masks:
+                raise GraphFileError(f"balance names '{key}', but '{self.path(key)}' does "
+                                     f"not exist (pass balance=() or --balance none)")
+
+    def path(self, name: str) -> str:
+        return osp.join(self.folder, name + ".npy")
+
+    def _node_array(self, name: str, dtype=None) -> NpyReader:
+        array = NpyReader(self.path(name))
+        if len(array) != self.num_nodes or (dtype is not None and array.dtype != dtype):
+            raise GraphFileError(f"'{array.path}' must hold one {dtype or 'row'} per node "
+                                 f"({self.num_nodes:,}, the rows of x.npy): it is "
+                                 f"{array.dtype} of shape {array.shape}")
+        return array
+
+    def edge_chunks(self, size: int = CHUNK_EDGES) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
+        r"""``(src, dst)`` int64 chunks of :obj:`size` edges, in order."""
+        for start in range(0, self.num_edges, size):
+            yield (self.src.read(start, start + size).astype(np.int64, copy=False),
+                   self.dst.read(start, start + size).astype(np.int64, copy=False))
+
+
+def scan_edges(graph: GraphFolder, chunk: int) -> Tuple[str, np.ndarray, np.ndarray]:
+    r"""One pass over the edges: ids in range (else one line naming the
+    file), the graph hash (equal to :func:`~pyg_dist.partition.graph_hash`
+    of the same graph in memory) and the in- and out-degrees."""
+    digest = hashlib.sha256(str((graph.num_nodes, graph.x.shape)).encode())
+    degrees = []
+    for array in (graph.src, graph.dst):  # the hash sees all sources, then all targets
+        degree = np.zeros(graph.num_nodes, dtype=np.int64)
+        for start, ids in array.chunks(chunk):
+            if ids.size and (ids.min() < 0 or ids.max() >= graph.num_nodes):
+                bad = int(np.flatnonzero((ids < 0) | (ids >= graph.num_nodes))[0])
+                raise GraphFileError(f"'{array.path}' holds node id {int(ids[bad])} at "
+                                     f"position {start + bad:,}, outside [0, "
+                                     f"{graph.num_nodes:,}) (the rows of x.npy)")
+            ids = ids.astype(np.int64, copy=False)
+            digest.update(ids.tobytes())
+            degree += np.bincount(ids, minlength=graph.num_nodes)
+        degrees.append(degree)
+    return digest.hexdigest()[:16], degrees[1], degrees[0]
+
+
+def partition_folder(
+    folder: str,
+    num_parts: int,
+    root: str,
+    method: str = "kaminpar",
+    objective: str = "vol",
+    balance: Sequence[str] = MASKS,
+    seed: int = 0,
+    progress: bool = False,
+    chunk_edges: int = CHUNK_EDGES,
+    bucket_entries: int = 1 << 25,
+) -> PartitionBook:
+    r"""Partitions the graph folder :obj:`folder` (see the module) into
+    :obj:`num_parts` parts written to :obj:`root`, in memory bounded by the
+    chunk sizes and the node count (see the module), never by the edges.
+
+    ``method="kaminpar"`` (the default) and ``"metis"`` partition the
+    symmetrised graph (KaMinPar minimises the edge cut, METIS the
+    :obj:`objective`), ``"random"`` assigns uniformly; the masks named in
+    :obj:`balance` are then balanced as :func:`~pyg_dist.partition_graph`
+    does. KaMinPar's result varies from run to run (the assignment written
+    to ``book.pt`` is what every rank reads).
+    """
+    from pyg_dist.partition.partition import partitioning_id, _versions
+    from pyg_dist.partition.metis import OBJECTIVES, random_assignment
+
+    if method not in METHODS:
+        raise ValueError(f"Unknown method '{method}' for a graph folder (choose from "
+                         f"{', '.join(METHODS)}; 'block' needs the graph in memory)")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"Unknown METIS objective '{objective}' (choose from "
+                         f"{', '.join(OBJECTIVES)})")
+    balance = tuple(balance)
+    graph = GraphFolder(folder, balance)
+    if not isinstance(num_parts, int) or not 1 <= num_parts <= graph.num_nodes:
+        raise ValueError(f"num_parts must be an integer in [1, {graph.num_nodes}] (the "
+                         f"nodes of '{folder}'), got {num_parts!r}")
+    from tqdm import tqdm
+    steps = ["check edges", "partitioner input", method, "edges to parts", "part files",
+             "features"]
+    bar = tqdm(total=len(steps), desc=f"partition {folder} ({method})", unit="step",
+               disable=not progress)
+
+    os.makedirs(root, exist_ok=True)
+    if osp.exists(osp.join(root, META_FILE)):  # what follows overwrites its parts
+        os.remove(osp.join(root, META_FILE))
+    work = osp.join(root, TMP_DIR)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    try:
+        bar.set_postfix_str(steps[0])
+        ghash, deg_in, deg_out = scan_edges(graph, chunk_edges)
+        bar.update()
+        masks = np.stack([graph.masks[k].read() for k in balance], 1) if balance else None
+        if method == "random" or num_parts == 1:
+            assignment = random_assignment(graph.num_nodes, num_parts, seed)
+            bar.update(2)
+        else:
+            bar.set_postfix_str(steps[1])
+            assignment = _partition(graph, num_parts, method, objective, masks, seed,
+                                    work, chunk_edges, bucket_entries, bar)
+        bar.set_postfix_str(steps[3])
+        book, halos, part_edges, edge_cut = _spill_edges(graph, assignment, num_parts,
+                                                         work, chunk_edges)
+        bar.update()
+        bar.set_postfix_str(steps[4])
+        files, part_stats = _write_parts(graph, book, halos, part_edges, deg_in, deg_out,
+                                         ghash, root, assignment)
+        bar.update()
+        bar.set_postfix_str(steps[5])
+        files.update(_write_features(graph, assignment.numpy(), num_parts, root))
+        bar.update()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    bar.close()
+
+    y = graph.y.read() if graph.y is not None else None
+    mask_counts = {f"num_{k.split('_')[0]}": int(graph.masks[k].read().sum())
+                   for k in MASKS if k in graph.masks}
+    book.meta = {
+        "format_version": 1, "graph_hash": ghash,
+        "partitioning_id": partitioning_id(ghash, book.perm, book.partptr),
+        "num_parts": num_parts, "method": method,
+        "objective": objective if method == "metis" else None,
+        "balance": list(balance), "seed": seed, "block_hops": None,
+        "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
+        "num_features": int(graph.x.shape[1]),
+        "num_classes": None if y is None else (int(y.shape[1]) if y.ndim > 1
+                                               else int(y.max()) + 1),
+        "edge_cut": edge_cut, "edge_cut_ratio": edge_cut / max(graph.num_edges, 1),
+        "comm_volume": int(sum(h.size for h in halos)),
+        **mask_counts, "parts": part_stats, "versions": _versions(),
+        "source": osp.abspath(folder), "files": files,
+    }
+    book.save(root)  # meta.json last: its presence marks a complete write
+    return book
+
+
+def _partition(graph: GraphFolder, num_parts: int, method: str, objective: str,
+               masks: Optional[np.ndarray], seed: int, work: str, chunk_edges: int,
+               bucket_entries: int, bar) -> torch.Tensor:
+    from pyg_dist.partition.metis import metis_csr_assignment, rebalance
+    from pyg_dist.partition.parhip import read_csr, write_symmetric
+    path = osp.join(work, "graph.parhip")
+    write_symmetric(lambda: graph.edge_chunks(chunk_edges), graph.num_nodes,
+                    graph.num_edges, path, work, bucket_entries)
+    bar.update()
+    bar.set_postfix_str(method)
+    if method == "kaminpar":
+        from pyg_dist.partition.kaminpar import kaminpar_assignment
+        assignment = kaminpar_assignment(path, num_parts, seed)
+        rowptr, col = read_csr(path)
+    else:
+        rowptr, col = read_csr(path)
+        assignment = metis_csr_assignment(rowptr, col, num_parts, objective, seed)
+    if masks is not None and num_parts > 1:
+        rebalance(assignment, torch.from_numpy(rowptr), torch.from_numpy(col),
+                  torch.from_numpy(masks), num_parts)
+    del col
+    bar.update()
+    return assignment
+
+
+def _spill_edges(graph: GraphFolder, assignment: torch.Tensor, num_parts: int, work: str,
+                 chunk_edges: int):
+    r"""Relabels nodes part by part and appends every edge, as the key
+    ``target * N + source`` of relabelled ids, to the spill file of its
+    target's part; then sorts each part's keys (the (target, source) order
+    of the part files) and finds its halo."""
+    n = graph.num_nodes
+    part = assignment.numpy()
+    perm = np.argsort(part, kind="stable")
+    inv_perm = np.empty_like(perm)
+    inv_perm[perm] = np.arange(n)
+    partptr = np.zeros(num_parts + 1, dtype=np.int64)
+    np.cumsum(np.bincount(part, minlength=num_parts), out=partptr[1:])
+    spills = [osp.join(work, f"edges_{r}.bin") for r in range(num_parts)]
+    files = [open(p, "wb") for p in spills]
+    edge_cut = 0
+    try:
+        for src, dst in graph.edge_chunks(chunk_edges):
+            owner = part[dst]
+            edge_cut += int((part[src] != owner).sum())
+            order = np.argsort(owner, kind="stable")
+            key = (inv_perm[dst] * n + inv_perm[src])[order]
+            bounds = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=num_parts))])
+            for r in np.flatnonzero(np.diff(bounds)):
+                files[r].write(key[bounds[r]:bounds[r + 1]].tobytes())
+    finally:
+        for f in files:
+            f.close()
+    halos = []
+    for r, spill in enumerate(spills):
+        key = np.fromfile(spill, dtype=np.int64)
+        key.sort()
+        key.tofile(spill)
+        src = key % n
+        halos.append(np.unique(src[(src < partptr[r]) | (src >= partptr[r + 1])]))
+    book = PartitionBook(torch.from_numpy(partptr), torch.from_numpy(perm))
+    return book, halos, spills, edge_cut
+
+
+def _write_parts(graph: GraphFolder, book: PartitionBook, halos: List[np.ndarray],
+                 part_edges: List[str], deg_in: np.ndarray, deg_out: np.ndarray,
+                 ghash: str, root: str, assignment: torch.Tensor):
+    r"""Part ``r``'s file, built from its sorted keys exactly as
+    :func:`~pyg_dist.partition.partition.build_parts` builds it in memory,
+    without ``x`` (in ``part_{r}_x.npy``)."""
+    from pyg_dist.partition.book import FORMAT_VERSION, owner_of
+    from pyg_dist.partition.partition import partitioning_id
+    n, num_parts = graph.num_nodes, book.num_parts
+    partptr, perm = book.partptr, book.perm
+    partitioning = partitioning_id(ghash, perm, partptr)
+    node_arrays = {k: a.read() for k, a in (("y", graph.y), *graph.masks.items())
+                   if a is not None}
+    files, stats = {}, []
+    for r in range(num_parts):
+        lo, hi = int(partptr[r]), int(partptr[r + 1])
+        key = torch.from_numpy(np.fromfile(part_edges[r], dtype=np.int64))
+        os.remove(part_edges[r])
+        s, d = key % n, key // n
+        del key
+        halo = torch.from_numpy(halos[r])
+        halo_owner = owner_of(halo, partptr)
+        global_id = torch.cat([torch.arange(lo, hi), halo])
+        local_src = torch.where((s >= lo) & (s < hi), s - lo,
+                                (hi - lo) + torch.searchsorted(halo, s))
+        send = [torch.from_numpy(h[(h >= lo) & (h < hi)] - lo) for h in halos]
+        inner_orig = perm[lo:hi].numpy()
+        item: Dict[str, Any] = {
+            "format_version": FORMAT_VERSION, "rank": r, "num_parts": num_parts,
+            "num_inner": hi - lo, "num_halo": halo.numel(),
+            "edge_index": torch.stack([local_src, d - lo]),
+            "global_id": global_id, "n_id": perm[global_id],
+            "halo_owner": halo_owner, "halo_remote_id": halo - partptr[halo_owner],
+            "deg_in": torch.from_numpy(deg_in)[perm[global_id]],
+            "deg_out": torch.from_numpy(deg_out)[perm[global_id]],
+            "send_index": torch.cat(send),
+            "send_counts": torch.tensor([t.numel() for t in send]),
+            "recv_counts": torch.bincount(halo_owner, minlength=num_parts),
+            "partptr": partptr,
+            "graph_hash": ghash, "partitioning_id": partitioning,
+            "x_file": features_file(r),
+            **{k: torch.from_numpy(a[inner_orig]) for k, a in node_arrays.items()},
+        }
+        files[osp.basename(part_file(root, r))] = save_checked(item, part_file(root, r))
+        stats.append({
+            "part": r, "num_inner": hi - lo, "num_halo": halo.numel(),
+            "halo_ratio": halo.numel() / max(hi - lo, 1), "num_edges": int(d.numel()),
+            **{f"num_{k.split('_')[0]}": int(node_arrays[k][inner_orig].sum())
+               for k in MASKS if k in node_arrays},
+        })
+    return files, stats
+
+
+def _write_features(graph: GraphFolder, part: np.ndarray, num_parts: int,
+                    root: str) -> Dict[str, Dict[str, int]]:
+    r"""One pass over ``x.npy`` in node chunks, each row appended to its
+    part's ``part_{r}_x.npy`` (original order within a part, the order of
+    the relabelled ids); returns the files' descriptions."""
+    sizes = np.bincount(part, minlength=num_parts)
+    digests = [Sum64() for _ in range(num_parts)]
+    writers = [NpyWriter(osp.join(root, features_file(r)), (int(sizes[r]), graph.x.shape[1]),
+                         graph.x.dtype, digest=digests[r]) for r in range(num_parts)]
+    rows = max(1, CHUNK_NODES * 64 // max(graph.x.shape[1], 1))  # ~256 MiB of fp32
+    try:
+        for start, x in graph.x.chunks(rows):
+            owner = part[start:start + len(x)]
+            for r in range(num_parts):
+                writers[r].write(x[owner == r])
+    except BaseException:
+        for w in writers:
+            w.abort()
+        raise
+    for w in writers:
+        w.close()
+    return {features_file(r): digests[r].describe() for r in range(num_parts)}

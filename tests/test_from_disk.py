@@ -1,0 +1,142 @@
+"""Out-of-core partitioning of a graph folder: parts equal the in-memory
+path's for the same assignment, bad files are refused in one line, and an
+interrupted run leaves nothing that loads."""
+import os
+import os.path as osp
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from pyg_dist import DistData
+from pyg_dist.integrity import CorruptFileError
+from pyg_dist.partition import PartitionBook, partition_graph
+from pyg_dist.partition.from_disk import partition_folder
+from pyg_dist.utils.npy import GraphFileError
+from tests.conftest import flip_bytes, small_graph
+
+MASKS = ("train_mask", "val_mask", "test_mask")
+
+
+def write_folder(data, folder, edge_dtype=np.int64, x_dtype=np.float32):
+    r"""``data`` as a graph folder of ``.npy`` files."""
+    os.makedirs(folder, exist_ok=True)
+    np.save(osp.join(folder, "src.npy"), data.edge_index[0].numpy().astype(edge_dtype))
+    np.save(osp.join(folder, "dst.npy"), data.edge_index[1].numpy().astype(edge_dtype))
+    np.save(osp.join(folder, "x.npy"), data.x.numpy().astype(x_dtype))
+    np.save(osp.join(folder, "y.npy"), data.y.numpy())
+    for key in MASKS:
+        np.save(osp.join(folder, f"{key}.npy"), data[key].numpy())
+    return folder
+
+
+def assert_same_parts(root_a, root_b, num_parts):
+    book_a, book_b = PartitionBook.load(root_a), PartitionBook.load(root_b)
+    assert torch.equal(book_a.perm, book_b.perm) and torch.equal(book_a.partptr, book_b.partptr)
+    for key in ("graph_hash", "partitioning_id", "edge_cut", "comm_volume", "num_edges",
+                "num_classes", "num_train", "parts"):
+        assert book_a.meta[key] == book_b.meta[key], key
+    for r in range(num_parts):
+        a, b = DistData.load(root_a, r), DistData.load(root_b, r)
+        assert sorted(a.keys()) == sorted(b.keys())
+        for key in a.keys():
+            if key == "adj_t":  # built from edge_index at load
+                continue
+            if isinstance(a[key], torch.Tensor):
+                assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
+            else:
+                assert a[key] == b[key], key
+
+
+@pytest.mark.parametrize("method", ["random", "metis"])
+@pytest.mark.parametrize("directed", [False, True])
+def test_parts_equal_the_in_memory_path(tmp_path, method, directed):
+    data = small_graph(directed=directed, seed=3)
+    del data.community  # a graph folder holds x, y and the masks only
+    folder = write_folder(data, tmp_path / "graph", edge_dtype=np.int32)
+    partition_graph(data, 3, method=method, root=str(tmp_path / "memory"), seed=5)
+    # Tiny chunks and buckets: every streaming pass runs over several pieces.
+    partition_folder(str(folder), 3, str(tmp_path / "disk"), method=method, seed=5,
+                     chunk_edges=97, bucket_entries=150)
+    assert_same_parts(tmp_path / "memory", tmp_path / "disk", 3)
+
+
+def test_features_are_mapped_and_checked(tmp_path):
+    data = small_graph(seed=4)
+    folder = write_folder(data, tmp_path / "graph", x_dtype=np.float16)
+    partition_graph(str(folder), 2, method="random", root=str(tmp_path / "parts"))
+    part = DistData.load(str(tmp_path / "parts"), 1)
+    assert part.x.dtype == torch.float16
+    with open("/proc/self/maps") as maps:  # the rows stay in the file, mapped
+        assert str(tmp_path / "parts" / "part_1_x.npy") in maps.read()
+    torch.testing.assert_close(part.x, data.x.half()[part.n_id[:part.num_inner]])
+    flip_bytes(str(tmp_path / "parts" / "part_1_x.npy"), 300)
+    with pytest.raises(CorruptFileError, match="part_1_x.npy"):
+        DistData.load(str(tmp_path / "parts"), 1)
+
+
+def test_kaminpar_balances_and_cuts_less_than_random(tmp_path):
+    data = small_graph(num_nodes=600, seed=2)
+    folder = write_folder(data, tmp_path / "graph")
+    book = partition_graph(str(folder), 4, root=str(tmp_path / "kaminpar"), balance=())
+    assert book.meta["method"] == "kaminpar"
+    sizes = book.partptr.diff()
+    assert int(sizes.max()) <= int(np.ceil(1.03 * 600 / 4))
+    rand = partition_graph(str(folder), 4, method="random", root=str(tmp_path / "random"))
+    assert book.meta["edge_cut"] < 0.5 * rand.meta["edge_cut"]
+    with_masks = partition_graph(data, 4, method="kaminpar")  # in memory, masks balanced
+    for stat in with_masks.stats:
+        for key in MASKS:
+            total = int(data[key].sum())
+            assert stat[f"num_{key.split('_')[0]}"] <= int(np.ceil(1.03 * total / 4))
+
+
+def _refusal(folder, match, tmp_path):
+    root = tmp_path / "out"
+    with pytest.raises(GraphFileError, match=match) as info:
+        partition_graph(str(folder), 2, method="random", root=str(root))
+    assert "\n" not in str(info.value)
+    assert not osp.exists(root / "meta.json")
+
+
+def test_bad_files_are_refused_in_one_line(tmp_path):
+    data = small_graph(seed=1)
+    folder = write_folder(data, tmp_path / "graph")
+    src = folder / "src.npy"
+    good = src.read_bytes()
+    src.write_bytes(good[:-40])  # truncated
+    _refusal(folder, "src.npy' is truncated", tmp_path)
+    np.save(src, data.edge_index[0].numpy().astype(np.float64))
+    _refusal(folder, "src.npy' must be a 1-D array of integer", tmp_path)
+    np.save(src, data.edge_index[0].numpy()[:-1])
+    _refusal(folder, "src.npy' has 1,715 edges but .*dst.npy' 1,716", tmp_path)
+    ids = data.edge_index[0].numpy().copy()
+    ids[17] = data.num_nodes + 5
+    np.save(src, ids)
+    _refusal(folder, "src.npy' holds node id 245 at position 17", tmp_path)
+    np.save(src, data.edge_index[0].numpy())
+    np.save(folder / "y.npy", data.y.numpy()[:-2])
+    _refusal(folder, "y.npy' must hold one row per node", tmp_path)
+    os.remove(folder / "y.npy")
+    os.remove(folder / "x.npy")
+    _refusal(folder, "x.npy' does not exist", tmp_path)
+
+
+def test_an_interrupted_run_leaves_nothing_that_loads(tmp_path):
+    data = small_graph(seed=1)
+    folder = write_folder(data, tmp_path / "graph")
+    root = tmp_path / "parts"
+    partition_graph(str(folder), 2, method="random", root=str(root))
+    # A second run killed while writing parts: the old meta.json is gone
+    # first, so the half-new folder is refused rather than mixed.
+    code = (f"import os, signal, pyg_dist.partition.from_disk as m\n"
+            f"real = m._write_features\n"
+            f"def die(*a, **k): os.kill(os.getpid(), signal.SIGKILL)\n"
+            f"m._write_features = die\n"
+            f"m.partition_folder({str(folder)!r}, 2, {str(root)!r}, method='random', seed=1)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True)
+    assert run.returncode == -9
+    with pytest.raises(FileNotFoundError, match="No partition metadata"):
+        DistData.load(str(root), 0)
