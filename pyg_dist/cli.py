@@ -226,6 +226,40 @@ def _check_writable_dir(command: str, flag: str, path: str) -> None:
         raise SystemExit(f"pyg-dist {command}: error: {problem}")
 
 
+def _partition_folder(args: argparse.Namespace) -> None:
+    r"""``partition --from DIR``: the out-of-core path, for graph folders
+    and OGB's binary raw layout."""
+    from pyg_dist.datasets.ogb_disk import is_ogb_raw, ogb_to_graph_dir
+    from pyg_dist.partition import partition_graph
+    from pyg_dist.utils.npy import GraphFileError
+    given = [flag for flag, on in (("--dataset", args.dataset != "default"),
+                                   ("--num-nodes", args.num_nodes is not None),
+                                   ("--inductive", args.inductive),
+                                   ("--num-batches", bool(args.num_batches))) if on]
+    if given:
+        raise SystemExit(f"pyg-dist partition: error: {given[0]} does not apply to --from "
+                         f"(the graph comes from the folder; batches and inductive parts "
+                         f"need it in memory)")
+    if args.method == "block":
+        raise SystemExit("pyg-dist partition: error: --method block needs the graph in "
+                         "memory; with --from use kaminpar, metis or random")
+    _check_writable_dir("partition", "--root", args.root)
+    folder = args.from_dir
+    try:
+        if is_ogb_raw(folder):
+            converted = osp.join(folder, "pyg_dist_graph")
+            if not osp.exists(osp.join(converted, "graph.json")):
+                ogb_to_graph_dir(folder, converted, progress=True)
+            folder = converted
+        book = partition_graph(folder, args.num_parts, method=args.method or "kaminpar",
+                               objective=args.objective, root=args.root, seed=args.seed,
+                               progress=True)
+    except GraphFileError as e:
+        raise SystemExit(f"pyg-dist partition: error: {e}") from None
+    print(book.summary())
+    print(f"wrote {args.num_parts} partitions to {args.root}")
+
+
 def cmd_partition(args: argparse.Namespace) -> None:
     from pyg_dist.partition import partition_graph
     if args.balance_batches and not args.num_batches:
@@ -243,9 +277,12 @@ def cmd_partition(args: argparse.Namespace) -> None:
     if args.cost_constants is not None:  # a bad file is refused before any work
         from pyg_dist.loader import CostModel
         args.cost = CostModel.load(args.cost_constants)
+    if args.from_dir is not None:
+        _partition_folder(args)
+        return
     _check_writable_dir("partition", "--root", args.root)
     data = _load_dataset(args)
-    book = partition_graph(data, args.num_parts, method=args.method,
+    book = partition_graph(data, args.num_parts, method=args.method or "metis",
                            block_hops=args.block_hops,
                            objective=args.objective, root=args.root, seed=args.seed,
                            inductive=args.inductive, progress=True)
@@ -378,7 +415,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     p = sub.add_parser("partition", help="partition a dataset into per-rank files")
     _add_dataset_args(p)
     p.add_argument("--num-parts", type=_positive(int, "--num-parts"), required=True)
-    p.add_argument("--method", default="metis", choices=["metis", "random", "block"])
+    p.add_argument("--from", dest="from_dir", default=None, metavar="DIR",
+                   help="partition the graph folder DIR out of core (src.npy, dst.npy, x.npy, "
+                        "y.npy, *_mask.npy; or OGB's binary raw layout, converted once into "
+                        "DIR/pyg_dist_graph) instead of a --dataset loaded in memory")
+    p.add_argument("--method", default=None, choices=["metis", "kaminpar", "random", "block"],
+                   help="default: kaminpar with --from, metis otherwise")
     p.add_argument("--block-hops", type=int, default=2,
                    help="--method block: hops of the neighbourhood blocks (ByteGNN)")
     p.add_argument("--objective", default="vol", choices=["vol", "cut"])

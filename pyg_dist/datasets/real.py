@@ -124,13 +124,17 @@ def _load_pyg(name: str, root: str) -> Data:
 class _trusted_pyg_pickles:
     r"""Lets ``torch.load(weights_only=True)`` (torch's default) read the
     PyG objects in processed dataset files (ogb's and PyG's): only PyG's
-    data classes are allowed, never arbitrary code."""
+    data classes and NumPy integer scalars (ogb's binary datasets, e.g.
+    papers100M, store ``num_nodes`` as one) are allowed, never arbitrary
+    code."""
 
     def __enter__(self):
+        import numpy as np
         from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
         from torch_geometric.data.storage import GlobalStorage
         self.context = torch.serialization.safe_globals(
-            [Data, DataEdgeAttr, DataTensorAttr, GlobalStorage])
+            [Data, DataEdgeAttr, DataTensorAttr, GlobalStorage,
+             np._core.multiarray.scalar, np.dtype, np.dtypes.Int64DType])
         return self.context.__enter__()
 
     def __exit__(self, *exc):

@@ -269,12 +269,16 @@ def _spill_edges(graph: GraphFolder, assignment: torch.Tensor, num_parts: int, w
         for f in files:
             f.close()
     halos = []
+    seen = np.zeros(n, dtype=bool)  # marking beats hashing (np.unique) 10x here
     for r, spill in enumerate(spills):
         key = np.fromfile(spill, dtype=np.int64)
         key.sort()
         key.tofile(spill)
         src = key % n
-        halos.append(np.unique(src[(src < partptr[r]) | (src >= partptr[r + 1])]))
+        seen[src] = True
+        seen[partptr[r]:partptr[r + 1]] = False
+        halos.append(np.flatnonzero(seen))
+        seen[halos[-1]] = False
     book = PartitionBook(torch.from_numpy(partptr), torch.from_numpy(perm))
     return book, halos, spills, edge_cut
 
@@ -293,6 +297,7 @@ def _write_parts(graph: GraphFolder, book: PartitionBook, halos: List[np.ndarray
     node_arrays = {k: a.read() for k, a in (("y", graph.y), *graph.masks.items())
                    if a is not None}
     files, stats = {}, []
+    local = torch.empty(n, dtype=torch.long)
     for r in range(num_parts):
         lo, hi = int(partptr[r]), int(partptr[r + 1])
         key = torch.from_numpy(np.fromfile(part_edges[r], dtype=np.int64))
@@ -302,8 +307,9 @@ def _write_parts(graph: GraphFolder, book: PartitionBook, halos: List[np.ndarray
         halo = torch.from_numpy(halos[r])
         halo_owner = owner_of(halo, partptr)
         global_id = torch.cat([torch.arange(lo, hi), halo])
-        local_src = torch.where((s >= lo) & (s < hi), s - lo,
-                                (hi - lo) + torch.searchsorted(halo, s))
+        local[lo:hi] = torch.arange(hi - lo)  # global -> local id of this part's nodes
+        local[halo] = (hi - lo) + torch.arange(halo.numel())
+        local_src = local[s]
         send = [torch.from_numpy(h[(h >= lo) & (h < hi)] - lo) for h in halos]
         inner_orig = perm[lo:hi].numpy()
         item: Dict[str, Any] = {
