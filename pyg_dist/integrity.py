@@ -106,14 +106,14 @@ def describe_file(path: str, chunk: int = 64 << 20) -> Description:
 
 
 def save_checked(obj: Any, path: str) -> Description:
-    r"""Saves :obj:`obj` to :obj:`path` atomically; returns its description."""
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    payload = buffer.getbuffer()
+    r"""Saves :obj:`obj` to :obj:`path` atomically; returns its description
+    (read back from the page cache in chunks: no second copy of a large
+    object is ever in memory)."""
     with open(path + ".tmp", "wb") as f:
-        f.write(payload)
+        torch.save(obj, f)
+    description = describe_file(path + ".tmp")
     os.replace(path + ".tmp", path)
-    return {"bytes": len(payload), "sum64": sum64(payload)}
+    return description
 
 
 def save_json(obj: Any, path: str) -> None:

@@ -274,8 +274,7 @@ def _spill_edges(graph: GraphFolder, assignment: torch.Tensor, num_parts: int, w
         key = np.fromfile(spill, dtype=np.int64)
         key.sort()
         key.tofile(spill)
-        src = key % n
-        seen[src] = True
+        seen[np.remainder(key, n, out=key)] = True  # the sources
         seen[partptr[r]:partptr[r + 1]] = False
         halos.append(np.flatnonzero(seen))
         seen[halos[-1]] = False
@@ -300,22 +299,26 @@ def _write_parts(graph: GraphFolder, book: PartitionBook, halos: List[np.ndarray
     local = torch.empty(n, dtype=torch.long)
     for r in range(num_parts):
         lo, hi = int(partptr[r]), int(partptr[r + 1])
-        key = torch.from_numpy(np.fromfile(part_edges[r], dtype=np.int64))
-        os.remove(part_edges[r])
-        s, d = key % n, key // n
-        del key
         halo = torch.from_numpy(halos[r])
         halo_owner = owner_of(halo, partptr)
         global_id = torch.cat([torch.arange(lo, hi), halo])
         local[lo:hi] = torch.arange(hi - lo)  # global -> local id of this part's nodes
         local[halo] = (hi - lo) + torch.arange(halo.numel())
-        local_src = local[s]
+        # In place, so a part's edges cost 24 bytes each at the peak (a hub-heavy
+        # part of a power-law graph may hold a large share of all edges).
+        key = torch.from_numpy(np.fromfile(part_edges[r], dtype=np.int64))
+        os.remove(part_edges[r])
+        edge_index = torch.empty(2, key.numel(), dtype=torch.long)
+        torch.floor_divide(key, n, out=edge_index[1])
+        edge_index[1] -= lo
+        torch.index_select(local, 0, key.remainder_(n), out=edge_index[0])
+        del key
         send = [torch.from_numpy(h[(h >= lo) & (h < hi)] - lo) for h in halos]
         inner_orig = perm[lo:hi].numpy()
         item: Dict[str, Any] = {
             "format_version": FORMAT_VERSION, "rank": r, "num_parts": num_parts,
             "num_inner": hi - lo, "num_halo": halo.numel(),
-            "edge_index": torch.stack([local_src, d - lo]),
+            "edge_index": edge_index,
             "global_id": global_id, "n_id": perm[global_id],
             "halo_owner": halo_owner, "halo_remote_id": halo - partptr[halo_owner],
             "deg_in": torch.from_numpy(deg_in)[perm[global_id]],
@@ -331,7 +334,8 @@ def _write_parts(graph: GraphFolder, book: PartitionBook, halos: List[np.ndarray
         files[osp.basename(part_file(root, r))] = save_checked(item, part_file(root, r))
         stats.append({
             "part": r, "num_inner": hi - lo, "num_halo": halo.numel(),
-            "halo_ratio": halo.numel() / max(hi - lo, 1), "num_edges": int(d.numel()),
+            "halo_ratio": halo.numel() / max(hi - lo, 1),
+            "num_edges": edge_index.size(1),
             **{f"num_{k.split('_')[0]}": int(node_arrays[k][inner_orig].sum())
                for k in MASKS if k in node_arrays},
         })
