@@ -90,7 +90,7 @@ class DistData(Data):
         recorded = described(root, meta, osp.relpath(path, root))
         corrupt = None
         try:
-            item = load_checked(path, recorded)
+            item = load_checked(path, recorded, mmap=True)
         except CorruptFileError as e:
             corrupt, item = e, _readable(path)  # a whole file of another partitioning
             if not isinstance(item, dict):      # says so below

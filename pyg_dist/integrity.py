@@ -176,15 +176,23 @@ def read_json(path: str) -> Any:
         raise CorruptFileError(f"'{path}' is corrupt: not UTF-8 JSON ({e})") from e
 
 
-def load_checked(path: str, expected: Optional[Description] = None) -> Any:
+def load_checked(path: str, expected: Optional[Description] = None,
+                 mmap: bool = False) -> Any:
     r"""Reads :obj:`path`, refusing it unless its size and checksum match
     :obj:`expected` (``None``: only unpickled safely, for callers that
-    check the contents themselves)."""
-    payload = read_bytes(path)
-    if expected is not None:
-        check_bytes(path, payload, expected)
+    check the contents themselves). With :obj:`mmap`, the file is checked
+    in chunks and its tensors are mapped copy-on-write rather than read
+    (a large part file then never has two copies in memory)."""
+    if mmap:
+        if expected is not None:
+            verify(path, expected)
+        source = path
+    else:
+        source = io.BytesIO(read_bytes(path))
+        if expected is not None:
+            check_bytes(path, source.getbuffer(), expected)
     try:
-        return torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
+        return torch.load(source, weights_only=True, map_location="cpu", mmap=mmap)
     except Exception as e:  # torch raises several types for bad archives
         raise CorruptFileError(f"Cannot read '{path}': the file is corrupt, truncated or "
                                f"not a pyg_dist file ({e})") from e
