@@ -231,7 +231,6 @@ def _partition_folder(args: argparse.Namespace) -> None:
     and OGB's binary raw layout."""
     from pyg_dist.datasets.ogb_disk import is_ogb_raw, ogb_to_graph_dir
     from pyg_dist.partition import partition_graph
-    from pyg_dist.utils.npy import GraphFileError
     given = [flag for flag, on in (("--dataset", args.dataset != "default"),
                                    ("--num-nodes", args.num_nodes is not None),
                                    ("--inductive", args.inductive),
@@ -245,17 +244,14 @@ def _partition_folder(args: argparse.Namespace) -> None:
                          "memory; with --from use kaminpar, metis or random")
     _check_writable_dir("partition", "--root", args.root)
     folder = args.from_dir
-    try:
-        if is_ogb_raw(folder):
-            converted = osp.join(folder, "pyg_dist_graph")
-            if not osp.exists(osp.join(converted, "graph.json")):
-                ogb_to_graph_dir(folder, converted, progress=True)
-            folder = converted
-        book = partition_graph(folder, args.num_parts, method=args.method or "kaminpar",
-                               objective=args.objective, root=args.root, seed=args.seed,
-                               progress=True)
-    except GraphFileError as e:
-        raise SystemExit(f"pyg-dist partition: error: {e}") from None
+    if is_ogb_raw(folder):
+        converted = osp.join(folder, "pyg_dist_graph")
+        if not osp.exists(osp.join(converted, "graph.json")):
+            ogb_to_graph_dir(folder, converted, progress=True)
+        folder = converted
+    book = partition_graph(folder, args.num_parts, method=args.method or "kaminpar",
+                           objective=args.objective, root=args.root, seed=args.seed,
+                           progress=True)
     print(book.summary())
     print(f"wrote {args.num_parts} partitions to {args.root}")
 
@@ -317,6 +313,16 @@ def _write_batches(data, args: argparse.Namespace, book) -> None:
     if args.balance_batches:
         print(f"balanced batch parts ({report['balance_rule']} rule): per-rank cost of a "
               f"batch at most {report['imbalance_balanced']:.2f}x the mean over ranks")
+
+
+def cmd_rmat(args: argparse.Namespace) -> None:
+    from pyg_dist.datasets.rmat_disk import write_rmat
+    info = write_rmat(args.out, args.scale, edge_factor=args.edge_factor,
+                      num_features=args.num_features, num_classes=args.num_classes,
+                      seed=args.seed, progress=True)
+    print(f"wrote {info['num_nodes']:,} nodes, {info['num_edges']:,} edges and "
+          f"{info['num_features']} features to {args.out} (pyg-dist partition --from "
+          f"{args.out})")
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
@@ -456,6 +462,16 @@ def main(argv: Optional[List[str]] = None) -> None:
                         "overloaded ranks hand off their outermost nodes) or greedy "
                         "(CM-GCN: every node in BFS order to the least loaded rank)")
     p.set_defaults(fn=cmd_partition)
+
+    p = sub.add_parser("rmat", help="write an R-MAT graph (Graph500) of 2**scale nodes to a "
+                                    "graph folder, out of core (for partition --from)")
+    p.add_argument("--scale", type=_positive(int, "--scale"), required=True)
+    p.add_argument("--out", required=True, help="graph folder to create")
+    p.add_argument("--edge-factor", type=_positive(int, "--edge-factor"), default=16)
+    p.add_argument("--num-features", type=_positive(int, "--num-features"), default=128)
+    p.add_argument("--num-classes", type=_positive(int, "--num-classes"), default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=cmd_rmat)
 
     p = sub.add_parser("calibrate", help="measure CM-GCN's cost constants on this machine "
                                          "(for partition --cost-constants)")

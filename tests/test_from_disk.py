@@ -140,3 +140,29 @@ def test_an_interrupted_run_leaves_nothing_that_loads(tmp_path):
     assert run.returncode == -9
     with pytest.raises(FileNotFoundError, match="No partition metadata"):
         DistData.load(str(root), 0)
+
+
+def test_cli_generates_partitions_and_trains_out_of_core(tmp_path):
+    from pyg_dist.cli import main
+    graph, parts, run = tmp_path / "rmat", tmp_path / "parts", tmp_path / "run"
+    main(["rmat", "--scale", "10", "--out", str(graph), "--num-features", "16"])
+    main(["partition", "--from", str(graph), "--num-parts", "2", "--root", str(parts)])
+    assert PartitionBook.load(str(parts)).meta["method"] == "kaminpar"
+    main(["train", "--root", str(parts), "--out", str(run), "--epochs", "2", "--hidden", "8",
+          "--no-plots", "--no-progress"])
+    rows = [line for line in (run / "metrics.jsonl").read_text().splitlines() if line]
+    assert len(rows) == 2
+    with pytest.raises(SystemExit, match="--method block needs the graph in memory"):
+        main(["partition", "--from", str(graph), "--num-parts", "2", "--root",
+              str(tmp_path / "block"), "--method", "block"])
+
+
+def test_cli_partitions_ogb_raw_layout(tmp_path):
+    from pyg_dist.cli import main
+    from tests.test_ogb_disk import tiny_papers, write_papers
+    folder = write_papers(tmp_path, tiny_papers())
+    main(["partition", "--from", str(folder), "--num-parts", "2", "--root", str(tmp_path / "p"),
+          "--method", "random"])
+    book = PartitionBook.load(str(tmp_path / "p"))
+    assert book.meta["source"] == osp.join(str(folder), "pyg_dist_graph")
+    assert book.meta["num_train"] > 0
