@@ -166,3 +166,18 @@ def test_cli_partitions_ogb_raw_layout(tmp_path):
     book = PartitionBook.load(str(tmp_path / "p"))
     assert book.meta["source"] == osp.join(str(folder), "pyg_dist_graph")
     assert book.meta["num_train"] > 0
+
+
+def test_a_folder_of_edges_and_features_only(tmp_path):
+    data = small_graph(seed=6)
+    folder = tmp_path / "graph"
+    folder.mkdir()
+    np.save(folder / "src.npy", data.edge_index[0].numpy())
+    np.save(folder / "dst.npy", data.edge_index[1].numpy())
+    np.save(folder / "x.npy", data.x.numpy())
+    book = partition_graph(str(folder), 2, root=str(tmp_path / "parts"))
+    assert book.meta["balance"] == [] and book.meta["num_classes"] is None
+    part = DistData.load(str(tmp_path / "parts"), 0)
+    assert part.y is None and part.x.size(0) == part.num_inner
+    with pytest.raises(GraphFileError, match="balance names 'train_mask'"):
+        partition_graph(str(folder), 2, root=str(tmp_path / "p2"), balance=("train_mask", ))

@@ -123,7 +123,7 @@ def partition_folder(
     root: str,
     method: str = "kaminpar",
     objective: str = "vol",
-    balance: Sequence[str] = MASKS,
+    balance: Optional[Sequence[str]] = None,
     seed: int = 0,
     progress: bool = False,
     chunk_edges: int = CHUNK_EDGES,
@@ -136,8 +136,8 @@ def partition_folder(
     ``method="kaminpar"`` (the default) and ``"metis"`` partition the
     symmetrised graph (KaMinPar minimises the edge cut, METIS the
     :obj:`objective`), ``"random"`` assigns uniformly; the masks named in
-    :obj:`balance` are then balanced as :func:`~pyg_dist.partition_graph`
-    does. KaMinPar's result varies from run to run (the assignment written
+    :obj:`balance` (default: those the folder holds) are then balanced as
+    :func:`~pyg_dist.partition_graph` does. KaMinPar's result varies from run to run (the assignment written
     to ``book.pt`` is what every rank reads).
     """
     from pyg_dist.partition.partition import partitioning_id, _versions
@@ -149,8 +149,8 @@ def partition_folder(
     if objective not in OBJECTIVES:
         raise ValueError(f"Unknown METIS objective '{objective}' (choose from "
                          f"{', '.join(OBJECTIVES)})")
-    balance = tuple(balance)
-    graph = GraphFolder(folder, balance)
+    graph = GraphFolder(folder, () if balance is None else balance)
+    balance = tuple(graph.masks) if balance is None else tuple(balance)
     if not isinstance(num_parts, int) or not 1 <= num_parts <= graph.num_nodes:
         raise ValueError(f"num_parts must be an integer in [1, {graph.num_nodes}] (the "
                          f"nodes of '{folder}'), got {num_parts!r}")

@@ -61,7 +61,7 @@ def partition_graph(
     num_parts: int,
     method: Optional[str] = None,
     objective: str = "vol",
-    balance: Sequence[str] = DEFAULT_BALANCE,
+    balance: Optional[Sequence[str]] = None,
     root: Optional[str] = None,
     seed: int = 0,
     block_hops: int = 2,
@@ -102,8 +102,10 @@ def partition_graph(
 
     Directed graphs are accepted: METIS sees the symmetrised structure, and
     message passing follows the edge directions as given. Missing masks
-    named in :obj:`balance` raise; pass ``balance=()`` to balance node counts
-    only. The result is deterministic for a :obj:`seed`. :obj:`progress`
+    named in :obj:`balance` (default: train/val/test; for a graph folder,
+    the masks it holds) raise; pass ``balance=()`` to balance node counts
+    only. The result is deterministic for a :obj:`seed` (KaMinPar's may vary
+    from run to run: ``book.pt`` records the one written). :obj:`progress`
     shows a bar over the steps (assignment, parts, files).
     """
     if isinstance(data, (str, os.PathLike)):
@@ -114,7 +116,7 @@ def partition_graph(
         return partition_folder(os.fspath(data), num_parts, root, method or "kaminpar",
                                 objective, balance, seed, progress)
     method = method or "metis"
-    balance = tuple(balance)
+    balance = DEFAULT_BALANCE if balance is None else tuple(balance)
     _validate(data, num_parts, method, objective, balance)
     if inductive and (root is None or getattr(data, "train_mask", None) is None):
         raise ValueError("inductive partitions need a root and a train_mask")
