@@ -114,4 +114,5 @@ def check_fits_in_memory(name: str, args: Dict[str, Any]) -> None:
         raise ValueError(f"{name}({size}) needs about {need / 2**30:,.1f} GiB to generate "
                          f"and partition (estimated: {BYTES_PER_EDGE} bytes per edge, "
                          f"{BYTES_PER_FEATURE} per feature); this machine has "
-                         f"{have / 2**30:,.1f} GiB available")
+                         f"{have / 2**30:,.1f} GiB available: write it to disk and "
+                         f"partition it out of core (pyg-dist rmat, partition --from)")

@@ -1,5 +1,6 @@
 """The partition book: which global ids each part owns, and the on-disk
 metadata that every rank checks before it trusts a partition file."""
+import hashlib
 import os
 import os.path as osp
 from dataclasses import dataclass, field
@@ -152,3 +153,19 @@ def add_files(root: str, descriptions: Dict[str, Dict[str, int]],
     meta["files"] = {**kept, **descriptions}
     save_json(meta, osp.join(root, META_FILE))
 
+
+def partitioning_id(ghash: str, perm: Tensor, partptr: Tensor) -> str:
+    r"""Names one partitioning of one graph: equal for equal assignments,
+    different for any other (its part files must not be mixed)."""
+    digest = hashlib.sha256(ghash.encode())
+    for t in (perm, partptr):
+        digest.update(t.to(torch.long).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def versions() -> Dict[str, str]:
+    import torch_geometric
+    from pyg_dist.version import __version__
+
+    return {"pyg_dist": __version__, "torch": torch.__version__,
+            "torch_geometric": torch_geometric.__version__}

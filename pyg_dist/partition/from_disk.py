@@ -39,7 +39,8 @@ import numpy as np
 import torch
 
 from pyg_dist.integrity import Sum64, save_checked
-from pyg_dist.partition.book import META_FILE, PartitionBook, features_file, part_file
+from pyg_dist.partition.book import (FORMAT_VERSION, META_FILE, PartitionBook, features_file, part_file,
+                                     partitioning_id, versions)
 from pyg_dist.utils.npy import GraphFileError, NpyReader, NpyWriter
 
 MASKS = ("train_mask", "val_mask", "test_mask")
@@ -140,7 +141,6 @@ def partition_folder(
     :func:`~pyg_dist.partition_graph` does. KaMinPar's result varies from run to run (the assignment written
     to ``book.pt`` is what every rank reads).
     """
-    from pyg_dist.partition.partition import partitioning_id, _versions
     from pyg_dist.partition.metis import OBJECTIVES, random_assignment
 
     if method not in METHODS:
@@ -197,7 +197,7 @@ def partition_folder(
     mask_counts = {f"num_{k.split('_')[0]}": int(graph.masks[k].read().sum())
                    for k in MASKS if k in graph.masks}
     book.meta = {
-        "format_version": 1, "graph_hash": ghash,
+        "format_version": FORMAT_VERSION, "graph_hash": ghash,
         "partitioning_id": partitioning_id(ghash, book.perm, book.partptr),
         "num_parts": num_parts, "method": method,
         "objective": objective if method == "metis" else None,
@@ -208,7 +208,7 @@ def partition_folder(
                                                else int(y.max()) + 1),
         "edge_cut": edge_cut, "edge_cut_ratio": edge_cut / max(graph.num_edges, 1),
         "comm_volume": int(sum(h.size for h in halos)),
-        **mask_counts, "parts": part_stats, "versions": _versions(),
+        **mask_counts, "parts": part_stats, "versions": versions(),
         "source": osp.abspath(folder), "files": files,
     }
     book.save(root)  # meta.json last: its presence marks a complete write
@@ -288,8 +288,7 @@ def _write_parts(graph: GraphFolder, book: PartitionBook, halos: List[np.ndarray
     r"""Part ``r``'s file, built from its sorted keys exactly as
     :func:`~pyg_dist.partition.partition.build_parts` builds it in memory,
     without ``x`` (in ``part_{r}_x.npy``)."""
-    from pyg_dist.partition.book import FORMAT_VERSION, owner_of
-    from pyg_dist.partition.partition import partitioning_id
+    from pyg_dist.partition.book import owner_of
     n, num_parts = graph.num_nodes, book.num_parts
     partptr, perm = book.partptr, book.perm
     partitioning = partitioning_id(ghash, perm, partptr)

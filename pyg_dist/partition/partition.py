@@ -9,10 +9,10 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from pyg_dist.integrity import save_checked
-from pyg_dist.partition.book import FORMAT_VERSION, PartitionBook, owner_of, part_file
+from pyg_dist.partition.book import (FORMAT_VERSION, PartitionBook, owner_of, part_file,
+                                     partitioning_id, versions)
 from pyg_dist.partition.block import block_assignment
 from pyg_dist.partition.metis import OBJECTIVES, metis_assignment, random_assignment
-from pyg_dist.version import __version__
 
 METHODS = ("metis", "kaminpar", "random", "block")
 DEFAULT_BALANCE = ("train_mask", "val_mask", "test_mask")
@@ -189,7 +189,7 @@ def write_parts(data: Data, assignment: Tensor, num_parts: int, settings: Dict[s
         "comm_volume": int(sum(h.numel() for h in halos)),
         **{f"num_{k.split('_')[0]}": int(m.sum()) for k, m in masks.items()},
         "parts": part_stats,
-        "versions": _versions(),
+        "versions": versions(),
     }
     book = PartitionBook(partptr, perm, meta)
     if root is not None:
@@ -277,19 +277,3 @@ def build_parts(data: Data, assignment: Tensor, num_parts: int):
         })
 
     return parts, part_stats, halos, partptr, perm
-
-
-def partitioning_id(ghash: str, perm: Tensor, partptr: Tensor) -> str:
-    r"""Names one partitioning of one graph: equal for equal assignments,
-    different for any other (its part files must not be mixed)."""
-    digest = hashlib.sha256(ghash.encode())
-    for t in (perm, partptr):
-        digest.update(t.to(torch.long).numpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
-def _versions() -> Dict[str, str]:
-    import torch_geometric
-
-    return {"pyg_dist": __version__, "torch": torch.__version__,
-            "torch_geometric": torch_geometric.__version__}
