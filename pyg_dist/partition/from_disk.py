@@ -39,8 +39,8 @@ import numpy as np
 import torch
 
 from pyg_dist.integrity import Sum64, save_checked
-from pyg_dist.partition.book import (FORMAT_VERSION, META_FILE, PartitionBook, features_file, part_file,
-                                     partitioning_id, versions)
+from pyg_dist.partition.book import (FORMAT_VERSION, META_FILE, PartitionBook,
+                                     features_file, part_file, partitioning_id, versions)
 from pyg_dist.utils.npy import GraphFileError, NpyReader, NpyWriter
 
 MASKS = ("train_mask", "val_mask", "test_mask")
