@@ -138,8 +138,8 @@ def partition_folder(
     symmetrised graph (KaMinPar minimises the edge cut, METIS the
     :obj:`objective`), ``"random"`` assigns uniformly; the masks named in
     :obj:`balance` (default: those the folder holds) are then balanced as
-    :func:`~pyg_dist.partition_graph` does. KaMinPar's result varies from run to run (the assignment written
-    to ``book.pt`` is what every rank reads).
+    :func:`~pyg_dist.partition_graph` does. KaMinPar's result varies from run
+    to run (the assignment written to ``book.pt`` is what every rank reads).
     """
     from pyg_dist.partition.metis import OBJECTIVES, random_assignment
 
