@@ -19,6 +19,7 @@ confined to one 64-bit word, reordered 4 KiB blocks, and random damage
 except with probability 2⁻⁶⁴; it is not a cryptographic hash (tampering is
 the business of ``weights_only``).
 """
+import contextlib
 import io
 import json
 import os
@@ -90,18 +91,9 @@ def describe_file(path: str, chunk: int = 64 << 20) -> Description:
     r"""The description of the file :obj:`path`, read in chunks of
     :obj:`chunk` bytes (memory stays bounded whatever its size)."""
     digest = Sum64()
-    try:
-        with open(path, "rb") as f:
-            while piece := f.read(chunk):
-                digest.update(piece)
-    except FileNotFoundError as e:
-        raise FileNotFoundError(f"'{path}' does not exist") from e
-    except PermissionError as e:
-        raise UnreadableFileError(f"cannot read '{path}': permission denied") from e
-    except IsADirectoryError as e:
-        raise UnreadableFileError(f"cannot read '{path}': it is a directory") from e
-    except OSError as e:
-        raise UnreadableFileError(f"cannot read '{path}': {e.strerror or e}") from e
+    with _reading(path) as f:
+        while piece := f.read(chunk):
+            digest.update(piece)
     return digest.describe()
 
 
@@ -128,9 +120,16 @@ def read_bytes(path: str) -> bytes:
     r"""The bytes of :obj:`path`; a missing file raises
     :class:`FileNotFoundError`, one that cannot be read
     :class:`UnreadableFileError` saying why, both naming it."""
+    with _reading(path) as f:
+        return f.read()
+
+
+@contextlib.contextmanager
+def _reading(path: str):
+    r""":obj:`path` open for reading, its errors one line naming it."""
     try:
         with open(path, "rb") as f:
-            return f.read()
+            yield f
     except FileNotFoundError as e:
         raise FileNotFoundError(f"'{path}' does not exist") from e
     except PermissionError as e:
@@ -144,19 +143,17 @@ def read_bytes(path: str) -> bytes:
 def check_bytes(path: str, payload, expected: Description) -> None:
     r"""Refuses :obj:`payload` (the bytes read from :obj:`path`) unless its
     size and checksum are those of :obj:`expected`."""
-    if len(payload) != expected["bytes"]:
-        raise CorruptFileError(f"'{path}' is corrupt, truncated or of another run: "
-                               f"{len(payload)} bytes, its index says {expected['bytes']}")
-    if sum64(payload) != expected["sum64"]:
-        raise CorruptFileError(f"'{path}' is corrupt or of another run: its checksum "
-                               f"differs from the one its index records")
+    check_description(path, {"bytes": len(payload), "sum64": sum64(payload)}, expected)
 
 
 def verify(path: str, expected: Description) -> None:
     r"""Checks that :obj:`path` holds the bytes :obj:`expected` describes,
     without unpickling them (what a launcher can do before any rank
     starts: reading and :func:`sum64` run at disk speed, in chunks)."""
-    found = describe_file(path)
+    check_description(path, describe_file(path), expected)
+
+
+def check_description(path: str, found: Description, expected: Description) -> None:
     if found["bytes"] != expected["bytes"]:
         raise CorruptFileError(f"'{path}' is corrupt, truncated or of another run: "
                                f"{found['bytes']} bytes, its index says {expected['bytes']}")
