@@ -37,10 +37,16 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from pyg_dist.integrity import Sum64, save_checked
 from pyg_dist.partition.book import (FORMAT_VERSION, META_FILE, PartitionBook,
-                                     features_file, part_file, partitioning_id, versions)
+                                     features_file, owner_of, part_file, partitioning_id,
+                                     versions)
+from pyg_dist.partition.kaminpar import kaminpar_assignment
+from pyg_dist.partition.metis import (OBJECTIVES, metis_csr_assignment, random_assignment,
+                                      rebalance)
+from pyg_dist.partition.parhip import read_csr, write_symmetric
 from pyg_dist.utils.npy import GraphFileError, NpyReader, NpyWriter
 
 MASKS = ("train_mask", "val_mask", "test_mask")
@@ -141,8 +147,6 @@ def partition_folder(
     :func:`~pyg_dist.partition_graph` does. KaMinPar's result varies from run
     to run (the assignment written to ``book.pt`` is what every rank reads).
     """
-    from pyg_dist.partition.metis import OBJECTIVES, random_assignment
-
     if method not in METHODS:
         raise ValueError(f"Unknown method '{method}' for a graph folder (choose from "
                          f"{', '.join(METHODS)}; 'block' needs the graph in memory)")
@@ -154,7 +158,6 @@ def partition_folder(
     if not isinstance(num_parts, int) or not 1 <= num_parts <= graph.num_nodes:
         raise ValueError(f"num_parts must be an integer in [1, {graph.num_nodes}] (the "
                          f"nodes of '{folder}'), got {num_parts!r}")
-    from tqdm import tqdm
     steps = ["check edges", "partitioner input", method, "edges to parts", "part files",
              "features"]
     bar = tqdm(total=len(steps), desc=f"partition {folder} ({method})", unit="step",
@@ -218,15 +221,12 @@ def partition_folder(
 def _partition(graph: GraphFolder, num_parts: int, method: str, objective: str,
                masks: Optional[np.ndarray], seed: int, work: str, chunk_edges: int,
                bucket_entries: int, bar) -> torch.Tensor:
-    from pyg_dist.partition.metis import metis_csr_assignment, rebalance
-    from pyg_dist.partition.parhip import read_csr, write_symmetric
     path = osp.join(work, "graph.parhip")
     write_symmetric(lambda: graph.edge_chunks(chunk_edges), graph.num_nodes,
                     graph.num_edges, path, work, bucket_entries)
     bar.update()
     bar.set_postfix_str(method)
     if method == "kaminpar":
-        from pyg_dist.partition.kaminpar import kaminpar_assignment
         assignment = kaminpar_assignment(path, num_parts, seed)
         rowptr, col = read_csr(path)
     else:
@@ -288,7 +288,6 @@ def _write_parts(graph: GraphFolder, book: PartitionBook, halos: List[np.ndarray
     r"""Part ``r``'s file, built from its sorted keys exactly as
     :func:`~pyg_dist.partition.partition.build_parts` builds it in memory,
     without ``x`` (in ``part_{r}_x.npy``)."""
-    from pyg_dist.partition.book import owner_of
     n, num_parts = graph.num_nodes, book.num_parts
     partptr, perm = book.partptr, book.perm
     partitioning = partitioning_id(ghash, perm, partptr)
