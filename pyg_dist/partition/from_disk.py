@@ -254,15 +254,15 @@ def _spill_edges(graph: GraphFolder, assignment: torch.Tensor, num_parts: int, w
     partptr = np.zeros(num_parts + 1, dtype=np.int64)
     np.cumsum(np.bincount(part, minlength=num_parts), out=partptr[1:])
     spills = [osp.join(work, f"edges_{r}.bin") for r in range(num_parts)]
+    first_keys = partptr * n  # part r's keys: [partptr[r] * n, partptr[r + 1] * n)
     files = [open(p, "wb") for p in spills]
     edge_cut = 0
     try:
         for src, dst in graph.edge_chunks(chunk_edges):
-            owner = part[dst]
-            edge_cut += int((part[src] != owner).sum())
-            order = np.argsort(owner, kind="stable")
-            key = (inv_perm[dst] * n + inv_perm[src])[order]
-            bounds = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=num_parts))])
+            edge_cut += int((part[src] != part[dst]).sum())
+            key = inv_perm[dst] * n + inv_perm[src]
+            key.sort()  # by relabelled target, so each part's edges are one slice
+            bounds = np.searchsorted(key, first_keys)
             for r in np.flatnonzero(np.diff(bounds)):
                 files[r].write(key[bounds[r]:bounds[r + 1]].tobytes())
     finally:
