@@ -27,7 +27,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weight-decay", type=float, default=d.weight_decay)
     p.add_argument("--epochs", type=int, default=d.epochs)
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--eval-every", type=int, default=d.eval_every)
+    p.add_argument("--eval-every", type=int, default=d.eval_every,
+                   help="evaluate every N epochs and after the last (0: never, e.g. for a "
+                        "graph whose whole-graph inference exceeds the machine)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     p.add_argument("--nproc", type=_positive(int, "--nproc"), default=None,
                    help="spawn this many local ranks (default: one per partition; "

@@ -88,6 +88,8 @@ class TrainConfig:
     # Train on the subgraph of the train nodes, evaluate on the whole graph
     # (partitions written with partition_graph(..., inductive=True)).
     inductive: bool = False
+    # Evaluate every N epochs and after the last; 0: never (whole-graph
+    # inference of a graph far larger than the machine's memory).
     eval_every: int = 1
     progress: bool = True
     # Save a checkpoint every N epochs (0: never) into checkpoint_dir
@@ -133,13 +135,20 @@ class TrainConfig:
                            else default)
         return values
 
+    def evaluates(self, epoch: int) -> bool:
+        r"""Whether :obj:`epoch` (1-based) ends with an evaluation."""
+        return self.eval_every > 0 and (epoch % self.eval_every == 0
+                                        or epoch == self.epochs)
+
     def validate(self) -> None:
         r"""Raises :class:`ValueError` for any invalid setting, before any work."""
         if self.model not in MODELS:
             raise ValueError(f"Unknown model '{self.model}' (choose from {', '.join(MODELS)})")
-        for name in ("num_layers", "hidden", "epochs", "eval_every"):
+        for name in ("num_layers", "hidden", "epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every must be >= 0 (0: never; got {self.eval_every})")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1) (got {self.dropout})")
         if not (math.isfinite(self.lr) and self.lr > 0):

@@ -195,7 +195,7 @@ class _Run:
         for mine, theirs in ((sums, loader_sums), (maxes, loader_maxes)):
             for key, value in theirs.items():
                 mine[key] = mine.get(key, 0.0) + value
-        if epoch % self.config.eval_every == 0 or epoch == self.config.epochs:
+        if self.config.evaluates(epoch):
             sums.update(self.evaluate())
         sums, maxes = reduce_over_ranks(sums, maxes, self.device)
         row = epoch_row(epoch, sums, maxes, peak, self.device, self.world)
@@ -533,7 +533,7 @@ def train_single_process(data: Data, config: TrainConfig):
         row["baseline_mem_bytes"] = row["baseline_mem_bytes_mean"] = baseline
         row["time_compute"] = row["time"]
         counts = None
-        if epoch % config.eval_every == 0 or epoch == config.epochs:
+        if config.evaluates(epoch):
             model.eval()
             with torch.no_grad():
                 counts = correct_counts(model(data.x, adj_t), data)

@@ -1,6 +1,7 @@
 """Out-of-core partitioning of a graph folder: parts equal the in-memory
 path's for the same assignment, bad files are refused in one line, and an
 interrupted run leaves nothing that loads."""
+import json
 import os
 import os.path as osp
 import subprocess
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from pyg_dist import DistData
+from pyg_dist.config import TrainConfig
 from pyg_dist.integrity import CorruptFileError
 from pyg_dist.partition import PartitionBook, partition_graph
 from pyg_dist.partition.from_disk import partition_folder
@@ -148,10 +150,13 @@ def test_cli_generates_partitions_and_trains_out_of_core(tmp_path):
     main(["rmat", "--scale", "10", "--out", str(graph), "--num-features", "16"])
     main(["partition", "--from", str(graph), "--num-parts", "2", "--root", str(parts)])
     assert PartitionBook.load(str(parts)).meta["method"] == "kaminpar"
+    # --eval-every 0: no whole-graph inference (what a graph beyond memory needs).
     main(["train", "--root", str(parts), "--out", str(run), "--epochs", "2", "--hidden", "8",
-          "--no-plots", "--no-progress"])
-    rows = [line for line in (run / "metrics.jsonl").read_text().splitlines() if line]
-    assert len(rows) == 2
+          "--no-plots", "--no-progress", "--eval-every", "0"])
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["val_acc"] is None for r in rows)
+    with pytest.raises(ValueError, match="eval_every must be >= 0"):
+        TrainConfig(eval_every=-1).validate()
     with pytest.raises(SystemExit, match="--method block needs the graph in memory"):
         main(["partition", "--from", str(graph), "--num-parts", "2", "--root",
               str(tmp_path / "block"), "--method", "block"])
