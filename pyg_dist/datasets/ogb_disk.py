@@ -9,7 +9,6 @@ papers100M (111M nodes, 1.6B citations, 128 fp32 features) that is over
 deflated alike), its ``.npy`` header parsed, and its data passed on in
 fixed-size chunks.
 """
-import json
 import os
 import os.path as osp
 import zipfile
@@ -19,11 +18,10 @@ from typing import Any, Dict, Iterator, Optional
 import numpy as np
 import torch
 
-from pyg_dist.utils.npy import GraphFileError, NpyWriter
+from pyg_dist.utils.npy import (GraphFileError, NpyWriter, check_empty_graph_folder,
+                                write_graph_json, writing_graph_folder)
 
 _SPLITS = (("train", "train"), ("val", "valid"), ("test", "test"))  # ours, OGB's
-_OUTPUTS = ("src.npy", "dst.npy", "x.npy", "y.npy", "train_mask.npy", "val_mask.npy",
-            "test_mask.npy", "graph.json")
 # What a failed zip read raises: a bad CRC (BadZipFile), damaged deflate
 # data (zlib.error), deflate data that stops early (EOFError).
 _ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError)
@@ -86,10 +84,7 @@ def ogb_to_graph_dir(ogb_dir: str, out_dir: str, undirected: bool = True,
     """
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be positive (got {chunk_rows})")
-    for name in _OUTPUTS:
-        if osp.exists(osp.join(out_dir, name)):
-            raise ValueError(f"'{osp.join(out_dir, name)}' already exists: convert into "
-                             f"an empty folder")
+    check_empty_graph_folder(out_dir)
     data_npz = osp.join(ogb_dir, "raw", "data.npz")
     label_npz = osp.join(ogb_dir, "raw", "node-label.npz")
 
@@ -127,8 +122,7 @@ def ogb_to_graph_dir(ogb_dir: str, out_dir: str, undirected: bool = True,
     from tqdm import tqdm
     bar = tqdm(total=bytes_total, desc=f"convert {osp.basename(osp.normpath(ogb_dir))}",
                unit="B", unit_scale=True, disable=not progress)
-    os.makedirs(out_dir, exist_ok=True)
-    try:
+    with bar, writing_graph_folder(out_dir):
         positions = _write_edges(data_npz, out_dir, num_nodes, num_edges, undirected,
                                  chunk_rows, bar)
         _write_features(data_npz, out_dir, chunk_rows, bar)
@@ -138,18 +132,7 @@ def ogb_to_graph_dir(ogb_dir: str, out_dir: str, undirected: bool = True,
         meta = {"source": "ogb", "name": osp.basename(osp.normpath(ogb_dir)),
                 "num_nodes": num_nodes, "num_edges": positions,
                 "num_features": num_features, "undirected": undirected}
-        path = osp.join(out_dir, "graph.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(meta, f, indent=1)
-        os.replace(path + ".tmp", path)
-    except BaseException:
-        # The outputs were refused above had they existed: all are this call's.
-        for name in _OUTPUTS:
-            if osp.exists(osp.join(out_dir, name)):
-                os.remove(osp.join(out_dir, name))
-        raise
-    finally:
-        bar.close()
+        write_graph_json(out_dir, meta)
     return meta
 
 

@@ -3,9 +3,7 @@ graph folder, in chunks, for graphs that do not fit in memory as a
 :class:`~torch_geometric.data.Data` (Graph500 scale 24: 16.8M nodes, 268M
 edges, an 8 GiB feature matrix).
 """
-import json
 import math
-import os
 import os.path as osp
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -15,12 +13,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pyg_dist.utils.npy import NpyWriter
+from pyg_dist.utils.npy import (NpyWriter, check_empty_graph_folder, write_graph_json,
+                                writing_graph_folder)
 
-# graph.json first: it marks a complete folder, so it is refused (named)
-# first and removed first.
-_OUTPUTS = ("graph.json", "src.npy", "dst.npy", "x.npy", "y.npy", "train_mask.npy",
-            "val_mask.npy", "test_mask.npy")
 # Edges drawn from one random stream: small enough that a block's
 # temporaries stay in cache, large enough that numpy's per-call overhead
 # vanishes. Blocks, not chunks, carry the streams, so the files do not
@@ -149,10 +144,7 @@ def write_rmat(out_dir: str, scale: int, edge_factor: int = 16, num_features: in
     """
     _check_arguments(scale, edge_factor, num_features, num_classes, a, b, c, smoothing,
                      feature_noise, split, chunk_edges)
-    for name in _OUTPUTS:
-        if osp.exists(osp.join(out_dir, name)):
-            raise ValueError(f"'{osp.join(out_dir, name)}' already exists: write the "
-                             f"graph into an empty folder")
+    check_empty_graph_folder(out_dir)
     N, E, C = 1 << scale, edge_factor << scale, num_classes
     dtype = np.int32 if N < 2**31 else np.int64
     meta = {"generator": "rmat", "scale": scale, "edge_factor": edge_factor,
@@ -160,8 +152,7 @@ def write_rmat(out_dir: str, scale: int, edge_factor: int = 16, num_features: in
             "num_classes": C, "seed": seed, "a": a, "b": b, "c": c,
             "smoothing": smoothing, "feature_noise": feature_noise, "split": list(split)}
 
-    os.makedirs(out_dir, exist_ok=True)
-    try:
+    with writing_graph_folder(out_dir):
         perm = np.arange(N, dtype=dtype)
         _rng(seed, _PERM).shuffle(perm)
         z = torch.empty(N, C).normal_(generator=_torch_rng(seed, _FIELD))
@@ -175,16 +166,7 @@ def write_rmat(out_dir: str, scale: int, edge_factor: int = 16, num_features: in
                      feature_noise, seed)
         del z, total, in_degree
         _write_masks(out_dir, N, split, seed)
-        path = osp.join(out_dir, "graph.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(meta, f, indent=1)
-        os.replace(path + ".tmp", path)
-    except BaseException:
-        # Every output was refused above had it existed: all are this call's.
-        for name in _OUTPUTS:
-            if osp.exists(osp.join(out_dir, name)):
-                os.remove(osp.join(out_dir, name))
-        raise
+        write_graph_json(out_dir, meta)
     return meta
 
 

@@ -6,9 +6,12 @@ pages of a mapping count in the process' resident set for as long as it
 lives, so streaming an 8 GB feature file through a mapping would show (and,
 under a cgroup limit, charge) 8 GB.
 """
+import contextlib
 import io
+import json
 import os
-from typing import Iterator, Optional, Tuple
+import os.path as osp
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -116,3 +119,40 @@ class NpyWriter:
 
     def __exit__(self, kind, *_) -> None:
         self.abort() if kind is not None else self.close()
+
+
+# What a graph folder's writers (R-MAT, OGB conversion) may create;
+# graph.json, written last, marks a complete folder.
+GRAPH_FOLDER_FILES = ("graph.json", "src.npy", "dst.npy", "x.npy", "y.npy", "train_mask.npy",
+                      "val_mask.npy", "test_mask.npy")
+
+
+def check_empty_graph_folder(out_dir: str) -> None:
+    r"""Refuses (:class:`ValueError` naming it) a folder that already holds a
+    graph folder's file: a writer never replaces another's graph."""
+    for name in GRAPH_FOLDER_FILES:
+        if osp.exists(osp.join(out_dir, name)):
+            raise ValueError(f"'{osp.join(out_dir, name)}' already exists: write the "
+                             f"graph into an empty folder")
+
+
+@contextlib.contextmanager
+def writing_graph_folder(out_dir: str) -> Iterator[None]:
+    r"""Creates :obj:`out_dir` (checked by :func:`check_empty_graph_folder`);
+    if the block fails, removes every graph folder file (all the block's)."""
+    os.makedirs(out_dir, exist_ok=True)
+    try:
+        yield
+    except BaseException:
+        for name in GRAPH_FOLDER_FILES:
+            if osp.exists(osp.join(out_dir, name)):
+                os.remove(osp.join(out_dir, name))
+        raise
+
+
+def write_graph_json(out_dir: str, meta: Dict[str, Any]) -> None:
+    r"""Writes ``graph.json`` (atomically, last: it marks the folder complete)."""
+    path = osp.join(out_dir, "graph.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(meta, f, indent=1)
+    os.replace(path + ".tmp", path)
