@@ -46,7 +46,7 @@ from pyg_dist.partition.book import (FORMAT_VERSION, META_FILE, PartitionBook,
 from pyg_dist.partition.kaminpar import kaminpar_assignment
 from pyg_dist.partition.metis import (OBJECTIVES, metis_csr_assignment, random_assignment,
                                       rebalance)
-from pyg_dist.partition.parhip import read_csr, write_symmetric
+from pyg_dist.partition.parhip import read_csr, spill_by_range, write_symmetric
 from pyg_dist.utils.npy import GraphFileError, NpyReader, NpyWriter
 
 MASKS = ("train_mask", "val_mask", "test_mask")
@@ -255,19 +255,15 @@ def _spill_edges(graph: GraphFolder, assignment: torch.Tensor, num_parts: int, w
     np.cumsum(np.bincount(part, minlength=num_parts), out=partptr[1:])
     spills = [osp.join(work, f"edges_{r}.bin") for r in range(num_parts)]
     first_keys = partptr * n  # part r's keys: [partptr[r] * n, partptr[r + 1] * n)
-    files = [open(p, "wb") for p in spills]
     edge_cut = 0
-    try:
+
+    def keys():
+        nonlocal edge_cut
         for src, dst in graph.edge_chunks(chunk_edges):
             edge_cut += int((part[src] != part[dst]).sum())
-            key = inv_perm[dst] * n + inv_perm[src]
-            key.sort()  # by relabelled target, so each part's edges are one slice
-            bounds = np.searchsorted(key, first_keys)
-            for r in np.flatnonzero(np.diff(bounds)):
-                files[r].write(key[bounds[r]:bounds[r + 1]].tobytes())
-    finally:
-        for f in files:
-            f.close()
+            yield inv_perm[dst] * n + inv_perm[src]
+
+    spill_by_range(keys(), first_keys, spills)
     halos = []
     seen = np.zeros(n, dtype=bool)  # marking beats hashing (np.unique) 10x here
     for r, spill in enumerate(spills):
