@@ -126,7 +126,8 @@ def main() -> None:
     parser.add_argument("--methods", default="kaminpar,metis")
     parser.add_argument("--metis-max-scale", type=int, default=22)
     parser.add_argument("--partition", action=argparse.BooleanOptionalAction, default=True,
-                        help="--no-partition: keep the partition rows of --out, run training")
+                        help="--no-partition: training only (the rows of --out that a run "
+                             "does not redo are kept)")
     parser.add_argument("--train", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--neighbor-scale", type=int, default=24)
     parser.add_argument("--full-scale", type=int, default=22)
@@ -139,23 +140,30 @@ def main() -> None:
                                "partitions": [], "training": []}
 
     def save() -> None:
+        results["partitions"].sort(key=lambda r: (r["scale"], r["method"]))
         results["minutes"] = (time.time() - started) / 60
         results["extrapolation"] = extrapolate(results["partitions"])
         os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
 
-    if not args.partition and osp.exists(args.out):
+    scales = [int(s) for s in args.scales.split(",")] if args.partition else []
+    methods = args.methods.split(",")
+    if osp.exists(args.out):  # rows this run does not redo are kept
         with open(args.out) as f:
             kept = json.load(f)
-        results.update(graphs=kept["graphs"], partitions=kept["partitions"])
-    scales = [int(s) for s in args.scales.split(",")] if args.partition else []
+        results["graphs"] = kept["graphs"]
+        results["partitions"] = [r for r in kept["partitions"]
+                                 if not (r["scale"] in scales and r["method"] in methods)]
+        if not args.train:
+            results["training"] = kept["training"]
     folders = {}
     for scale in scales:
         made = graph(args.workdir, scale)
         folders[scale] = made["folder"]
-        results["graphs"][scale] = made["generated"]
-        for method in args.methods.split(","):
+        if made["generated"]:
+            results["graphs"][str(scale)] = made["generated"]
+        for method in methods:
             if method == "metis" and scale > args.metis_max_scale:
                 row = {"skipped": f"METIS above 2^{args.metis_max_scale}: its peak grows "
                                   f"~4 KB/node (2^20: 4.4 GB measured), past this machine"}

@@ -15,12 +15,13 @@ these files in chunks, so memory holds a chunk, node-sized arrays (the
 assignment, the relabelling, the degrees: 8 bytes per node each) and one
 part's edges at a time, never the whole graph:
 
-1. check the files, hash the edges and count degrees (one pass);
+1. check the files and hash the edges (one pass);
 2. write the symmetrised, de-duplicated graph for the partitioner
    (:func:`~pyg_dist.partition.parhip.write_symmetric`) and partition it
    (KaMinPar, METIS) — or assign at random;
-3. spill each edge, relabelled, to its target's part (one pass), then sort
-   one part at a time: its halo, then its exchange plan and part file;
+3. spill each edge, relabelled, to its target's part, counting degrees
+   (one pass), then sort one part at a time: its halo, then its exchange
+   plan and part file;
 4. copy the feature rows to one ``part_{r}_x.npy`` per part (one pass);
    ranks memory-map it (:meth:`pyg_dist.DistData.load`).
 
@@ -103,25 +104,20 @@ class GraphFolder:
                    self.dst.read(start, start + size).astype(np.int64, copy=False))
 
 
-def scan_edges(graph: GraphFolder, chunk: int) -> Tuple[str, np.ndarray, np.ndarray]:
+def scan_edges(graph: GraphFolder, chunk: int) -> str:
     r"""One pass over the edges: ids in range (else one line naming the
-    file), the graph hash (equal to :func:`~pyg_dist.partition.graph_hash`
-    of the same graph in memory) and the in- and out-degrees."""
+    file) and the graph hash (equal to :func:`~pyg_dist.partition.graph_hash`
+    of the same graph in memory)."""
     digest = hashlib.sha256(str((graph.num_nodes, graph.x.shape)).encode())
-    degrees = []
     for array in (graph.src, graph.dst):  # the hash sees all sources, then all targets
-        degree = np.zeros(graph.num_nodes, dtype=np.int64)
         for start, ids in array.chunks(chunk):
             if ids.size and (ids.min() < 0 or ids.max() >= graph.num_nodes):
                 bad = int(np.flatnonzero((ids < 0) | (ids >= graph.num_nodes))[0])
                 raise GraphFileError(f"'{array.path}' holds node id {int(ids[bad])} at "
                                      f"position {start + bad:,}, outside [0, "
                                      f"{graph.num_nodes:,}) (the rows of x.npy)")
-            ids = ids.astype(np.int64, copy=False)
-            digest.update(ids.tobytes())
-            degree += np.bincount(ids, minlength=graph.num_nodes)
-        degrees.append(degree)
-    return digest.hexdigest()[:16], degrees[1], degrees[0]
+            digest.update(ids.astype(np.int64, copy=False).tobytes())
+    return digest.hexdigest()[:16]
 
 
 def partition_folder(
@@ -171,7 +167,7 @@ def partition_folder(
     os.makedirs(work)
     try:
         bar.set_postfix_str(steps[0])
-        ghash, deg_in, deg_out = scan_edges(graph, chunk_edges)
+        ghash = scan_edges(graph, chunk_edges)
         bar.update()
         masks = np.stack([graph.masks[k].read() for k in balance], 1) if balance else None
         if method == "random" or num_parts == 1:
@@ -182,8 +178,8 @@ def partition_folder(
             assignment = _partition(graph, num_parts, method, objective, masks, seed,
                                     work, chunk_edges, bucket_entries, bar)
         bar.set_postfix_str(steps[3])
-        book, halos, part_edges, edge_cut = _spill_edges(graph, assignment, num_parts,
-                                                         work, chunk_edges)
+        book, halos, part_edges, edge_cut, deg_in, deg_out = _spill_edges(
+            graph, assignment, num_parts, work, chunk_edges)
         bar.update()
         bar.set_postfix_str(steps[4])
         files, part_stats = _write_parts(graph, book, halos, part_edges, deg_in, deg_out,
@@ -256,11 +252,14 @@ def _spill_edges(graph: GraphFolder, assignment: torch.Tensor, num_parts: int, w
     spills = [osp.join(work, f"edges_{r}.bin") for r in range(num_parts)]
     first_keys = partptr * n  # part r's keys: [partptr[r] * n, partptr[r + 1] * n)
     edge_cut = 0
+    deg_in, deg_out = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
 
-    def keys():
-        nonlocal edge_cut
+    def keys():  # counts the cut and the degrees on the way (not held while partitioning)
+        nonlocal edge_cut, deg_in, deg_out
         for src, dst in graph.edge_chunks(chunk_edges):
             edge_cut += int((part[src] != part[dst]).sum())
+            deg_out += np.bincount(src, minlength=n)
+            deg_in += np.bincount(dst, minlength=n)
             yield inv_perm[dst] * n + inv_perm[src]
 
     spill_by_range(keys(), first_keys, spills)
@@ -275,7 +274,7 @@ def _spill_edges(graph: GraphFolder, assignment: torch.Tensor, num_parts: int, w
         halos.append(np.flatnonzero(seen))
         seen[halos[-1]] = False
     book = PartitionBook(torch.from_numpy(partptr), torch.from_numpy(perm))
-    return book, halos, spills, edge_cut
+    return book, halos, spills, edge_cut, deg_in, deg_out
 
 
 def _write_parts(graph: GraphFolder, book: PartitionBook, halos: List[np.ndarray],
@@ -333,6 +332,7 @@ def _write_parts(graph: GraphFolder, book: PartitionBook, halos: List[np.ndarray
             **{f"num_{k.split('_')[0]}": int(node_arrays[k][inner_orig].sum())
                for k in MASKS if k in node_arrays},
         })
+        del item, edge_index  # before the next part's edges: one part's at a time
     return files, stats
 
 
