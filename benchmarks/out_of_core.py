@@ -11,8 +11,7 @@ arrays grow ~4 KB per node, measured; beyond, it is recorded as skipped with
 that reason).
 
 ``--train`` then runs, on this machine, one epoch of the neighbour loader
-on the ``--neighbor-scale`` graph with 4 ranks (no evaluation: whole-graph
-inference of 2^24 nodes does not fit 4 ranks here), and two full-graph epochs
+on the ``--neighbor-scale`` graph with 4 ranks, and two full-graph epochs
 (BNS-GCN, p = 0.1) on the ``--full-scale`` graph with 4 ranks, both from
 4-part KaMinPar partitions, recording epoch time and per-rank peak memory.
 
@@ -175,11 +174,8 @@ def main() -> None:
 
     if args.train:
         for name, scale, flags in (
-                # Whole-graph evaluation of 2^24 nodes would need ~8 GB per rank
-                # (features, halo rows and a layer's input and output), 4 ranks
-                # more than this machine: the epoch trains only.
                 ("neighbor", args.neighbor_scale, ["--loader", "neighbor", "--epochs", "1",
-                                                   "--eval-every", "0"]),
+                                                   "--eval-every", "1"]),
                 ("full_bns", args.full_scale, ["--sampler", "bns", "--p", "0.1",
                                                "--epochs", "2", "--eval-every", "2"])):
             folder = folders.get(scale) or graph(args.workdir, scale)["folder"]
