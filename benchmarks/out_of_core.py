@@ -168,9 +168,10 @@ def main() -> None:
                                   f"~4 KB/node (2^20: 4.4 GB measured), past this machine"}
             else:
                 row = partition(args.workdir, made["folder"], scale, args.parts, method)
-            results["partitions"].append({"scale": scale, "method": method, **row})
+            row = {"scale": scale, "method": method, **row}
+            results["partitions"].append(row)
             save()
-            print(json.dumps(results["partitions"][-1]), flush=True)
+            print(json.dumps(row), flush=True)
 
     if args.train:
         for name, scale, flags in (
