@@ -29,6 +29,7 @@ import os
 import os.path as osp
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Dict, List, Optional
 
@@ -42,19 +43,39 @@ PAPERS_NODES, PAPERS_EDGES = 111_059_956, 2 * 1_615_685_872
 
 
 def measured(cmd: List[str], log: str) -> Dict[str, Any]:
-    r"""Runs :obj:`cmd` (output to :obj:`log`); its wall time and peak RSS,
-    or why it failed."""
+    r"""Runs :obj:`cmd` (output to :obj:`log`); its wall time, peak RSS
+    (``wait4``) and peak anonymous RSS (``RssAnon``, sampled every 0.1 s:
+    RSS without the pages of mapped files, which the kernel can drop and
+    re-read), or why it failed."""
     start = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        anon = [0]
+        sampler = threading.Thread(target=_sample_anon, args=(proc.pid, anon), daemon=True)
+        sampler.start()
         _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     result = {"seconds": time.perf_counter() - start,
-              "peak_rss_gib": usage.ru_maxrss * 1024 / GiB, "command": " ".join(cmd)}
+              "peak_rss_gib": usage.ru_maxrss * 1024 / GiB,
+              "peak_anon_gib": anon[0] * 1024 / GiB, "command": " ".join(cmd)}
     if proc.returncode != 0:
         with open(log) as f:
             result["error"] = f.read()[-2000:]
     return result
+
+
+def _sample_anon(pid: int, peak: List[int]) -> None:
+    r"""Keeps in ``peak[0]`` the largest ``RssAnon`` (KiB) of process :obj:`pid`."""
+    path = f"/proc/{pid}/status"
+    while True:
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith("RssAnon:"):
+                        peak[0] = max(peak[0], int(line.split()[1]))
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            return
+        time.sleep(0.1)
 
 
 def cli(*args: str) -> List[str]:
@@ -109,13 +130,15 @@ def extrapolate(rows: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     if len(done) < 2:
         return None
     small, large = done[-2], done[-1]
-    per_node = (large["peak_rss_gib"] - small["peak_rss_gib"]) / (large["num_nodes"] -
-                                                                  small["num_nodes"])
-    memory = large["peak_rss_gib"] + per_node * (PAPERS_NODES - large["num_nodes"])
-    hours = large["ns_per_edge"] * PAPERS_EDGES / 1e9 / 3600
-    return {"from_scales": [small["scale"], large["scale"]], "nodes": PAPERS_NODES,
-            "edges": PAPERS_EDGES, "peak_rss_gib": memory, "hours": hours,
-            "bytes_per_node": per_node * GiB}
+    extrapolated = {"from_scales": [small["scale"], large["scale"]], "nodes": PAPERS_NODES,
+                    "edges": PAPERS_EDGES,
+                    "hours": large["ns_per_edge"] * PAPERS_EDGES / 1e9 / 3600}
+    for key in ("peak_rss_gib", "peak_anon_gib"):
+        if key in small and key in large:
+            per_node = (large[key] - small[key]) / (large["num_nodes"] - small["num_nodes"])
+            extrapolated[key] = large[key] + per_node * (PAPERS_NODES - large["num_nodes"])
+            extrapolated[key.replace("gib", "bytes_per_node")] = per_node * GiB
+    return extrapolated
 
 
 def main() -> None:
@@ -193,13 +216,14 @@ def main() -> None:
 
 def print_table(results: Dict[str, Any]) -> None:
     print(f"{'scale':>5} {'method':>8} {'edges':>13} {'time s':>8} {'ns/edge':>8} "
-          f"{'peak GiB':>8} {'cut':>7} {'comm vol':>11}")
+          f"{'peak GiB':>8} {'anon GiB':>8} {'cut':>7} {'comm vol':>11}")
     for r in results["partitions"]:
         if "skipped" in r or "error" in r:
             print(f"{r['scale']:>5} {r['method']:>8}  {r.get('skipped') or 'failed'}")
             continue
         print(f"{r['scale']:>5} {r['method']:>8} {r['num_edges']:>13,} {r['seconds']:>8.1f} "
               f"{r['ns_per_edge']:>8.0f} {r['peak_rss_gib']:>8.2f} "
+              f"{r.get('peak_anon_gib', float('nan')):>8.2f} "
               f"{r['edge_cut_ratio']:>7.1%} {r['comm_volume']:>11,}")
     for scale, made in results["graphs"].items():
         if made:
@@ -216,8 +240,9 @@ def print_table(results: Dict[str, Any]) -> None:
     e = results.get("extrapolation")
     if e:
         print(f"papers100M ({e['nodes']:,} nodes, {e['edges']:,} edges), extrapolated from "
-              f"2^{e['from_scales'][0]} and 2^{e['from_scales'][1]}: peak "
-              f"{e['peak_rss_gib']:.1f} GiB, {e['hours']:.1f} h")
+              f"2^{e['from_scales'][0]} and 2^{e['from_scales'][1]}: peak RSS "
+              f"{e['peak_rss_gib']:.1f} GiB (anonymous {e.get('peak_anon_gib', float('nan')):.1f}"
+              f" GiB), {e['hours']:.1f} h")
 
 
 if __name__ == "__main__":
