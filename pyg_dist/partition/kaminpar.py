@@ -6,6 +6,7 @@ import os.path as osp
 import tempfile
 from typing import Optional
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -23,9 +24,9 @@ def kaminpar_assignment(parhip_path: str, num_parts: int, seed: int = 0,
     except ImportError:
         raise ImportError("--method kaminpar needs the 'kaminpar' package "
                           "(pip install kaminpar)") from None
-    if num_parts == 1:
-        return torch.zeros(int(kaminpar.load_graph(parhip_path, kaminpar.GraphFileFormat.PARHIP,
-                                                   compress=True).n()), dtype=torch.long)
+    if num_parts == 1:  # the header's node count: nothing to partition
+        return torch.zeros(int(np.fromfile(parhip_path, dtype="<u8", count=2)[1]),
+                           dtype=torch.long)
     kaminpar.reseed(int(seed))
     graph = kaminpar.load_graph(parhip_path, kaminpar.GraphFileFormat.PARHIP, compress=True)
     partitioner = kaminpar.KaMinPar(threads or torch.get_num_threads(),
