@@ -183,7 +183,7 @@ def partition_folder(
         bar.update()
         bar.set_postfix_str(steps[4])
         files, part_stats = _write_parts(graph, book, halos, part_edges, deg_in, deg_out,
-                                         ghash, root, assignment)
+                                         ghash, root)
         bar.update()
         bar.set_postfix_str(steps[5])
         files.update(_write_features(graph, assignment.numpy(), num_parts, root))
@@ -279,7 +279,7 @@ def _spill_edges(graph: GraphFolder, assignment: torch.Tensor, num_parts: int, w
 
 def _write_parts(graph: GraphFolder, book: PartitionBook, halos: List[np.ndarray],
                  part_edges: List[str], deg_in: np.ndarray, deg_out: np.ndarray,
-                 ghash: str, root: str, assignment: torch.Tensor):
+                 ghash: str, root: str):
     r"""Part ``r``'s file, built from its sorted keys exactly as
     :func:`~pyg_dist.partition.partition.build_parts` builds it in memory,
     without ``x`` (in ``part_{r}_x.npy``)."""
