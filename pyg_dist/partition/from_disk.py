@@ -193,8 +193,8 @@ def partition_folder(
     bar.close()
 
     y = graph.y.read() if graph.y is not None else None
-    mask_counts = {f"num_{k.split('_')[0]}": int(graph.masks[k].read().sum())
-                   for k in MASKS if k in graph.masks}
+    mask_counts = {key: sum(stat[key] for stat in part_stats)  # each part's, summed
+                   for key in (f"num_{k.split('_')[0]}" for k in MASKS if k in graph.masks)}
     book.meta = {
         "format_version": FORMAT_VERSION, "graph_hash": ghash,
         "partitioning_id": partitioning_id(ghash, book.perm, book.partptr),
@@ -222,16 +222,15 @@ def _partition(graph: GraphFolder, num_parts: int, method: str, objective: str,
                     graph.num_edges, path, work, bucket_entries)
     bar.update()
     bar.set_postfix_str(method)
-    if method == "kaminpar":
-        assignment = kaminpar_assignment(path, num_parts, seed)
-        rowptr, col = read_csr(path)
-    else:
-        rowptr, col = read_csr(path)
-        assignment = metis_csr_assignment(rowptr, col, num_parts, objective, seed)
-    if masks is not None and num_parts > 1:
+    # KaMinPar reads the file itself: the CSR is mapped only if METIS or the
+    # balancing needs it (and after KaMinPar, whose peak it would add to).
+    csr = None if method == "kaminpar" else read_csr(path)
+    assignment = (kaminpar_assignment(path, num_parts, seed) if csr is None
+                  else metis_csr_assignment(*csr, num_parts, objective, seed))
+    if masks is not None:
+        rowptr, col = csr or read_csr(path)
         rebalance(assignment, torch.from_numpy(rowptr), torch.from_numpy(col),
                   torch.from_numpy(masks), num_parts)
-    del col
     bar.update()
     return assignment
 

@@ -14,21 +14,11 @@ from typing import Callable, Iterable, Sequence, Tuple
 
 import numpy as np
 
+from pyg_dist.utils import distinct
+
 HEADER_BYTES = 24
 VERSION = 3
 ID = np.dtype("<u8")
-
-
-def distinct(key: np.ndarray) -> np.ndarray:
-    r"""The sorted distinct values of :obj:`key` (sorted in place; sort and
-    compare neighbours is several times faster than ``np.unique``)."""
-    key.sort()
-    if key.size == 0:
-        return key
-    keep = np.empty(key.size, dtype=bool)
-    keep[0] = True
-    np.not_equal(key[1:], key[:-1], out=keep[1:])
-    return key[keep]
 
 
 def write_symmetric(edge_chunks: Callable[[], Iterable[Tuple[np.ndarray, np.ndarray]]],
