@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 from common import RESULTS_DIR, machine  # noqa: E402
@@ -50,32 +50,47 @@ def measured(cmd: List[str], log: str) -> Dict[str, Any]:
     start = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        anon = [0]
-        sampler = threading.Thread(target=_sample_anon, args=(proc.pid, anon), daemon=True)
+        samples: List[Tuple[float, int, int]] = []
+        sampler = threading.Thread(target=_sample, args=(proc.pid, samples), daemon=True)
         sampler.start()
         _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     result = {"seconds": time.perf_counter() - start,
               "peak_rss_gib": usage.ru_maxrss * 1024 / GiB,
-              "peak_anon_gib": anon[0] * 1024 / GiB, "command": " ".join(cmd)}
+              "peak_anon_gib": max((a for _, _, a in samples), default=0) * 1024 / GiB,
+              "command": " ".join(cmd), "samples": samples}
     if proc.returncode != 0:
         with open(log) as f:
             result["error"] = f.read()[-2000:]
     return result
 
 
-def _sample_anon(pid: int, peak: List[int]) -> None:
-    r"""Keeps in ``peak[0]`` the largest ``RssAnon`` (KiB) of process :obj:`pid`."""
+def _sample(pid: int, samples: List[Tuple[float, int, int]]) -> None:
+    r"""Appends ``(time, VmRSS, RssAnon)`` (KiB) of process :obj:`pid` to
+    :obj:`samples` every 0.1 s while it runs."""
     path = f"/proc/{pid}/status"
     while True:
         try:
             with open(path) as f:
-                for line in f:
-                    if line.startswith("RssAnon:"):
-                        peak[0] = max(peak[0], int(line.split()[1]))
-        except (FileNotFoundError, ProcessLookupError, ValueError):
+                fields = dict(line.split(":", 1) for line in f)
+            samples.append((time.time(), int(fields["VmRSS"].split()[0]),
+                            int(fields["RssAnon"].split()[0])))
+        except (FileNotFoundError, ProcessLookupError, ValueError, KeyError):
             return
         time.sleep(0.1)
+
+
+def step_peaks(steps: List[Dict[str, Any]], samples) -> List[Dict[str, Any]]:
+    r"""The sampled peak RSS and anonymous RSS within each of the
+    partitioning's timed :obj:`steps` (``meta["steps"]``)."""
+    rows = []
+    for step in steps:
+        end = step["started"] + step["seconds"]
+        inside = [(rss, anon) for t, rss, anon in samples if step["started"] <= t <= end]
+        rows.append({"step": step["step"], "seconds": step["seconds"],
+                     "peak_rss_gib": max((r for r, _ in inside), default=0) * 1024 / GiB,
+                     "peak_anon_gib": max((a for _, a in inside), default=0) * 1024 / GiB})
+    return rows
 
 
 def cli(*args: str) -> List[str]:
@@ -88,6 +103,7 @@ def graph(workdir: str, scale: int) -> Dict[str, Any]:
         return {"folder": folder, "generated": None}
     step = measured(cli("rmat", "--scale", str(scale), "--out", folder),
                     osp.join(workdir, f"rmat{scale}.log"))
+    del step["samples"]
     if "error" in step:
         raise SystemExit(f"generating 2^{scale} failed:\n{step['error']}")
     return {"folder": folder, "generated": step}
@@ -98,12 +114,15 @@ def partition(workdir: str, folder: str, scale: int, parts: int, method: str) ->
     step = measured(cli("partition", "--from", folder, "--num-parts", str(parts),
                         "--root", root, "--method", method),
                     osp.join(workdir, f"partition{scale}_{method}_{parts}.log"))
+    samples = step.pop("samples")
     if "error" not in step:
         with open(osp.join(root, "meta.json")) as f:
             meta = json.load(f)
         step.update(root=root, num_nodes=meta["num_nodes"], num_edges=meta["num_edges"],
                     edge_cut_ratio=meta["edge_cut_ratio"], comm_volume=meta["comm_volume"],
-                    ns_per_edge=step["seconds"] / meta["num_edges"] * 1e9)
+                    ns_per_edge=step["seconds"] / meta["num_edges"] * 1e9,
+                    part_edges=[p["num_edges"] for p in meta["parts"]],
+                    steps=step_peaks(meta["steps"], samples))
     return step
 
 
@@ -112,6 +131,7 @@ def train(workdir: str, root: str, name: str, flags: List[str]) -> Dict[str, Any
     step = measured(cli("train", "--root", root, "--out", out, "--overwrite", "--no-plots",
                         "--no-progress", "--timeout", "3600", *flags),
                     osp.join(workdir, f"train_{name}.log"))
+    del step["samples"]
     if "error" not in step:
         with open(osp.join(out, "metrics.jsonl")) as f:
             rows = [json.loads(line) for line in f]

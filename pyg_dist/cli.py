@@ -232,7 +232,7 @@ def _partition_folder(args: argparse.Namespace) -> None:
     r"""``partition --from DIR``: the out-of-core path, for graph folders
     and OGB's binary raw layout."""
     from pyg_dist.datasets.ogb_disk import is_ogb_raw, ogb_to_graph_dir
-    from pyg_dist.partition import partition_graph
+    from pyg_dist.partition.from_disk import partition_folder
     given = [flag for flag, on in (("--dataset", args.dataset != "default"),
                                    ("--num-nodes", args.num_nodes is not None),
                                    ("--inductive", args.inductive),
@@ -251,9 +251,9 @@ def _partition_folder(args: argparse.Namespace) -> None:
         if not osp.exists(osp.join(converted, "graph.json")):
             ogb_to_graph_dir(folder, converted, progress=True)
         folder = converted
-    book = partition_graph(folder, args.num_parts, method=args.method or "kaminpar",
-                           objective=args.objective, root=args.root, seed=args.seed,
-                           progress=True)
+    book = partition_folder(folder, args.num_parts, args.root, args.method or "kaminpar",
+                            args.objective, seed=args.seed, progress=True,
+                            partitioner_degree=args.partitioner_degree or None)
     print(book.summary())
     print(f"wrote {args.num_parts} partitions to {args.root}")
 
@@ -417,6 +417,7 @@ def _negative_values_attached(argv: List[str]) -> List[str]:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
+    from pyg_dist.partition.from_disk import PARTITIONER_DEGREE
     parser = argparse.ArgumentParser(prog="pyg-dist", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -429,6 +430,11 @@ def main(argv: Optional[List[str]] = None) -> None:
                         "DIR/pyg_dist_graph) instead of a --dataset loaded in memory")
     p.add_argument("--method", default=None, choices=["metis", "kaminpar", "random", "block"],
                    help="default: kaminpar with --from, metis otherwise")
+    p.add_argument("--partitioner-degree", type=float, default=PARTITIONER_DEGREE,
+                   metavar="D",
+                   help="--from with kaminpar: above D neighbours per node on average, "
+                        "KaMinPar partitions a sample of the edges (bounding its memory) "
+                        "and the result is refined on every edge; 0: no sample")
     p.add_argument("--block-hops", type=int, default=2,
                    help="--method block: hops of the neighbourhood blocks (ByteGNN)")
     p.add_argument("--objective", default="vol", choices=["vol", "cut"])

@@ -52,6 +52,28 @@ def assert_same_parts(root_a, root_b, num_parts):
                 assert a[key] == b[key], key
 
 
+def test_partitioner_input_is_the_symmetric_graph_in_32_bit_ids(tmp_path):
+    kaminpar = pytest.importorskip("kaminpar")
+    from pyg_dist.partition.metis import symmetric_csr
+    from pyg_dist.partition.parhip import read_csr, write_symmetric
+    n = 300
+    gen = torch.Generator().manual_seed(0)
+    edge_index = torch.randint(0, n, (2, 2000), generator=gen)
+    edge_index[:, :50] = edge_index[:, 50:100]  # duplicates; self-loops occur by chance
+    chunks = lambda: ((e[0].numpy(), e[1].numpy()) for e in edge_index.split(300, 1))
+    path = str(tmp_path / "graph.parhip")
+    write_symmetric(chunks, n, edge_index.size(1), path, str(tmp_path), bucket_entries=500)
+    rowptr, col = symmetric_csr(edge_index, n)
+    assert int(np.fromfile(path, dtype="<u8", count=1)[0]) == 11  # 32-bit neighbour ids
+    file_rowptr, file_col = read_csr(path)
+    assert np.array_equal(file_rowptr, rowptr.numpy())
+    assert file_col.dtype == np.uint32 and np.array_equal(file_col, col.numpy())
+    graph = kaminpar.load_graph(path, kaminpar.GraphFileFormat.PARHIP, compress=True)
+    assert (graph.n(), graph.m()) == (n, col.numel())
+    for u in (0, 17, n - 1):
+        assert sorted(v for v, _ in graph.neighbors(u)) == col[rowptr[u]:rowptr[u + 1]].tolist()
+
+
 @pytest.mark.parametrize("method", ["random", "metis"])
 @pytest.mark.parametrize("directed", [False, True])
 def test_parts_equal_the_in_memory_path(tmp_path, method, directed):
@@ -93,6 +115,63 @@ def test_kaminpar_balances_and_cuts_less_than_random(tmp_path):
         for key in MASKS:
             total = int(data[key].sum())
             assert stat[f"num_{key.split('_')[0]}"] <= int(np.ceil(1.03 * total / 4))
+
+
+def test_kaminpar_reads_a_sample_above_its_degree_budget(tmp_path):
+    data = small_graph(num_nodes=600, seed=2)
+    folder = write_folder(data, tmp_path / "graph")
+    book = partition_folder(str(folder), 4, str(tmp_path / "sampled"), balance=(),
+                            partitioner_degree=3.0)
+    read = book.meta["partitioner_input"]
+    assert read["refined"] and 0.2 < read["keep_probability"] < 0.6
+    assert int(book.partptr.diff().max()) <= int(np.ceil(1.03 * 600 / 4))
+    full = partition_folder(str(folder), 4, str(tmp_path / "full"), balance=(),
+                            partitioner_degree=None)
+    assert full.meta["partitioner_input"]["keep_probability"] == 1.0
+    rand = partition_folder(str(folder), 4, str(tmp_path / "random"), method="random")
+    assert book.meta["edge_cut"] < 0.5 * rand.meta["edge_cut"]
+    with pytest.raises(ValueError, match="partitioner_degree must be positive"):
+        partition_folder(str(folder), 4, str(tmp_path / "bad"), partitioner_degree=0)
+
+
+def test_sampled_partitioner_input_keeps_both_directions_at_the_rate(tmp_path):
+    from pyg_dist.partition.metis import symmetric_csr
+    from pyg_dist.partition.parhip import read_csr, write_csr, write_sampled
+    n = 2000
+    edge_index = torch.randint(0, n, (2, 30000), generator=torch.Generator().manual_seed(1))
+    rowptr, col = symmetric_csr(edge_index, n)
+    write_csr(rowptr.numpy(), col.numpy(), str(tmp_path / "full"))
+    kept = write_sampled(str(tmp_path / "full"), str(tmp_path / "a"), 0.3, seed=0,
+                         chunk_entries=5000)
+    sample_rowptr, sample_col = read_csr(str(tmp_path / "a"))
+    src = np.repeat(np.arange(n), np.diff(sample_rowptr))
+    pairs = set(zip(src.tolist(), sample_col.tolist()))
+    assert kept == len(pairs) == sample_col.size
+    assert all((v, u) in pairs for u, v in pairs)  # both directions or neither
+    assert pairs <= set(zip(np.repeat(np.arange(n), np.diff(rowptr.numpy())).tolist(),
+                            col.tolist()))
+    undirected = col.numel() / 2  # kept ~ Binomial(undirected, 0.3): within 5 sigma
+    assert abs(kept / 2 - 0.3 * undirected) < 5 * (undirected * 0.3 * 0.7) ** 0.5
+    write_sampled(str(tmp_path / "full"), str(tmp_path / "b"), 0.3, seed=0)
+    write_sampled(str(tmp_path / "full"), str(tmp_path / "c"), 0.3, seed=1)
+    same = (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()
+    assert same and (tmp_path / "a").read_bytes() != (tmp_path / "c").read_bytes()
+
+
+def test_refinement_cuts_less_within_the_balance(tmp_path):
+    from pyg_dist.partition.metis import random_assignment, symmetric_csr
+    from pyg_dist.partition.parhip import write_csr
+    from pyg_dist.partition.refine import refine
+    data = small_graph(num_nodes=2000, seed=3)
+    rowptr, col = symmetric_csr(data.edge_index, data.num_nodes)
+    write_csr(rowptr.numpy(), col.numpy(), str(tmp_path / "g"))
+    part = random_assignment(data.num_nodes, 4, seed=0).numpy()
+    src, dst = np.repeat(np.arange(data.num_nodes), np.diff(rowptr.numpy())), col.numpy()
+    before = int((part[src] != part[dst]).sum())
+    refine(str(tmp_path / "g"), part, 4, rounds=10, chunk_entries=3000)
+    after = int((part[src] != part[dst]).sum())
+    assert after < 0.65 * before  # from a random start (the hard case)
+    assert np.bincount(part, minlength=4).max() <= int(np.ceil(1.03 * data.num_nodes / 4))
 
 
 def _refusal(folder, match, tmp_path):

@@ -2,23 +2,32 @@ r"""The symmetrised, loop-free, de-duplicated graph a partitioner needs,
 built from edge chunks on disk in bounded memory and stored in KaMinPar's
 (ParHIP) binary format, which METIS reads back memory-mapped.
 
-The file is a 24-byte header ``[version, n, m]``, then ``n + 1`` byte
-offsets of the neighbour lists, then the ``m`` neighbour ids, all
-``uint64`` (version 3: no weights, 64-bit ids, the id width of the
-``kaminpar`` wheel).
+The file is a 24-byte header ``[version, n, m]`` (``uint64``), then
+``n + 1`` byte offsets of the neighbour lists (``uint64``), then the ``m``
+neighbour ids: ``uint32`` when every id fits (version 11), else
+``uint64`` (version 3). KaMinPar reads the whole file before compressing
+it, so the narrower ids halve its peak memory.
 """
 import math
 import os
 import os.path as osp
-from typing import Callable, Iterable, Sequence, Tuple
+from typing import Callable, Iterable, Iterator, Sequence, Tuple
 
 import numpy as np
 
 from pyg_dist.utils import distinct
 
 HEADER_BYTES = 24
-VERSION = 3
-ID = np.dtype("<u8")
+OFFSET = np.dtype("<u8")
+# ParHIP's version bits: 1 = no edge weights, 2 = no node weights,
+# 8 = 32-bit node ids (unset: 64-bit).
+VERSIONS = {3: np.dtype("<u8"), 11: np.dtype("<u4")}
+
+
+def id_format(num_nodes: int) -> Tuple[int, np.dtype]:
+    r"""The version and neighbour id type of a ParHIP file of :obj:`num_nodes`
+    nodes: 32-bit ids whenever they fit."""
+    return (11, VERSIONS[11]) if num_nodes <= np.iinfo(np.uint32).max else (3, VERSIONS[3])
 
 
 def write_symmetric(edge_chunks: Callable[[], Iterable[Tuple[np.ndarray, np.ndarray]]],
@@ -50,26 +59,22 @@ def write_symmetric(edge_chunks: Callable[[], Iterable[Tuple[np.ndarray, np.ndar
 
     spill_by_range(both_directions(), first_keys, spills)
 
+    version, id_type = id_format(num_nodes)
     degree = np.zeros(num_nodes, dtype=np.int64)
     entries = 0
     with open(path + ".tmp", "wb") as out:
-        out.seek(HEADER_BYTES + (num_nodes + 1) * ID.itemsize)
+        out.seek(HEADER_BYTES + (num_nodes + 1) * OFFSET.itemsize)
         for b, spill in enumerate(spills):
             key = distinct(np.fromfile(spill, dtype=np.int64))
             os.remove(spill)
             lo = b * per_bucket
             hi = min(lo + per_bucket, num_nodes)
             degree[lo:hi] = np.bincount(key // num_nodes - lo, minlength=hi - lo)
-            out.write((key % num_nodes).astype(ID).tobytes())
+            out.write((key % num_nodes).astype(id_type).tobytes())
             entries += key.size
             del key
-        offsets = np.zeros(num_nodes + 1, dtype=ID)
-        np.cumsum(degree, out=offsets[1:])
-        offsets *= ID.itemsize
-        offsets += HEADER_BYTES + (num_nodes + 1) * ID.itemsize
         out.seek(0)
-        out.write(np.array([VERSION, num_nodes, entries], dtype=ID).tobytes())
-        out.write(offsets.tobytes())
+        out.write(_header_and_offsets(version, id_type, degree, entries))
     os.replace(path + ".tmp", path)
     return entries
 
@@ -94,23 +99,99 @@ def spill_by_range(keys: Iterable[np.ndarray], first_keys: np.ndarray,
 
 def write_csr(rowptr: np.ndarray, col: np.ndarray, path: str) -> None:
     r"""Writes an in-memory symmetric CSR (``rowptr``, ``col``) as ParHIP."""
-    num_nodes = rowptr.size - 1
-    offsets = rowptr.astype(ID) * ID.itemsize + HEADER_BYTES + (num_nodes + 1) * ID.itemsize
+    version, id_type = id_format(rowptr.size - 1)
     with open(path + ".tmp", "wb") as out:
-        out.write(np.array([VERSION, num_nodes, col.size], dtype=ID).tobytes())
-        out.write(offsets.tobytes())
-        out.write(col.astype(ID).tobytes())
+        out.write(_header_and_offsets(version, id_type, np.diff(rowptr), col.size))
+        out.write(col.astype(id_type).tobytes())
     os.replace(path + ".tmp", path)
 
 
+def _header_and_offsets(version: int, id_type: np.dtype, degree: np.ndarray,
+                        entries: int) -> bytes:
+    num_nodes = degree.size
+    offsets = np.zeros(num_nodes + 1, dtype=OFFSET)
+    np.cumsum(degree, out=offsets[1:])
+    offsets *= id_type.itemsize
+    offsets += HEADER_BYTES + (num_nodes + 1) * OFFSET.itemsize
+    return np.array([version, num_nodes, entries], dtype=OFFSET).tobytes() + offsets.tobytes()
+
+
+def read_offsets(path: str) -> Tuple[np.ndarray, int, np.dtype]:
+    r"""The row pointer (int64, in entries) of the unweighted ParHIP file
+    :obj:`path`, the byte position of its first neighbour id and the ids' type."""
+    header = np.fromfile(path, dtype=OFFSET, count=3)
+    version = int(header[0]) if header.size == 3 else None
+    if version not in VERSIONS:
+        raise ValueError(f"'{path}' is not an unweighted ParHIP file of version "
+                         f"{' or '.join(map(str, VERSIONS))}")
+    num_nodes, id_type = int(header[1]), VERSIONS[version]
+    start = HEADER_BYTES + (num_nodes + 1) * OFFSET.itemsize
+    offsets = np.fromfile(path, dtype=OFFSET, count=num_nodes + 1, offset=HEADER_BYTES)
+    return ((offsets - start) // id_type.itemsize).astype(np.int64), start, id_type
+
+
 def read_csr(path: str) -> Tuple[np.ndarray, np.ndarray]:
-    r"""``(rowptr, col)`` of the ParHIP file :obj:`path`: ``rowptr`` in
-    memory, ``col`` memory-mapped copy-on-write (int64 views)."""
-    version, num_nodes, entries = np.fromfile(path, dtype=ID, count=3)
-    if version != VERSION:
-        raise ValueError(f"'{path}' is a ParHIP file of version {version}, not {VERSION}")
-    start = HEADER_BYTES + (int(num_nodes) + 1) * ID.itemsize
-    offsets = np.fromfile(path, dtype=ID, count=int(num_nodes) + 1, offset=HEADER_BYTES)
-    rowptr = ((offsets - start) // ID.itemsize).astype(np.int64)
-    col = np.memmap(path, dtype=np.int64, mode="c", offset=start, shape=(int(entries), ))
-    return rowptr, col
+    r"""``(rowptr, col)`` of the ParHIP file :obj:`path`: ``rowptr`` (int64)
+    in memory, ``col`` memory-mapped copy-on-write (uint32 or int64)."""
+    rowptr, start, id_type = read_offsets(path)
+    col_type = np.uint32 if id_type.itemsize == 4 else np.int64
+    return rowptr, np.memmap(path, dtype=col_type, mode="c", offset=start,
+                             shape=(int(rowptr[-1]), ))
+
+
+def neighbour_chunks(path: str, chunk_entries: int = 1 << 23
+                     ) -> Iterator[Tuple[int, int, np.ndarray, np.ndarray]]:
+    r"""``(a, b, degree, neighbours)`` for consecutive node ranges
+    ``[a, b)`` of the ParHIP file :obj:`path` holding about
+    :obj:`chunk_entries` neighbour ids each (a node of higher degree alone),
+    read rather than mapped (mapped pages would count in the reader's RSS);
+    neighbours as int64."""
+    rowptr, start, id_type = read_offsets(path)
+    n, a = rowptr.size - 1, 0
+    while a < n:
+        b = int(np.searchsorted(rowptr, rowptr[a] + chunk_entries, side="right")) - 1
+        b = min(max(b, a + 1), n)
+        count = int(rowptr[b] - rowptr[a])
+        ids = np.fromfile(path, dtype=id_type, count=count,
+                          offset=start + int(rowptr[a]) * id_type.itemsize)
+        yield a, b, np.diff(rowptr[a:b + 1]), ids.astype(np.int64)
+        a = b
+
+
+def write_sampled(path: str, out_path: str, keep: float, seed: int = 0,
+                  chunk_entries: int = 1 << 23) -> int:
+    r"""Writes to :obj:`out_path` the graph of the ParHIP file :obj:`path`
+    with every undirected edge kept with probability :obj:`keep`, both of
+    its directions or neither (a hash of the node pair and :obj:`seed`
+    decides); returns the kept neighbour entries."""
+    rowptr, _, id_type = read_offsets(path)
+    num_nodes = rowptr.size - 1
+    version = next(v for v, t in VERSIONS.items() if t == id_type)
+    degree = np.zeros(num_nodes, dtype=np.int64)
+    threshold = np.uint64(min(keep, 1.0) * 2.0**53)
+    entries = 0
+    with open(out_path + ".tmp", "wb") as out:
+        out.seek(HEADER_BYTES + (num_nodes + 1) * OFFSET.itemsize)
+        for a, b, deg, v in neighbour_chunks(path, chunk_entries):
+            u = np.repeat(np.arange(a, b, dtype=np.int64), deg)
+            kept = _pair_hash(np.minimum(u, v), np.maximum(u, v), seed) < threshold
+            degree[a:b] = np.bincount(u[kept] - a, minlength=b - a)
+            out.write(v[kept].astype(id_type).tobytes())
+            entries += int(kept.sum())
+        out.seek(0)
+        out.write(_header_and_offsets(version, id_type, degree, entries))
+    os.replace(out_path + ".tmp", out_path)
+    return entries
+
+
+def _pair_hash(a: np.ndarray, b: np.ndarray, seed: int) -> np.ndarray:
+    r"""53 well-mixed bits of the pair ``(a, b)`` and :obj:`seed` (a
+    splitmix64 finaliser), uniform in ``[0, 2^53)``."""
+    z = a.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + b.astype(np.uint64)
+    z += np.uint64(seed) * np.uint64(0xD1B54A32D192ED03)
+    z ^= z >> np.uint64(31)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return z >> np.uint64(11)

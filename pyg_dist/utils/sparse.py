@@ -47,7 +47,7 @@ def gather_neighbours(rowptr: Tensor, col: Tensor, nodes: Tensor) -> Tensor:
     total = int(deg.sum())  # output_size: repeat_interleave need not sync/size again
     starts = torch.repeat_interleave(rowptr[nodes] - (torch.cumsum(deg, 0) - deg), deg,
                                      output_size=total)
-    return col[starts + torch.arange(total)]
+    return col[starts + torch.arange(total)].long()  # col may be uint32 (mapped ParHIP)
 
 
 def distinct(key: np.ndarray) -> np.ndarray:
