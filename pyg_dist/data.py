@@ -107,8 +107,9 @@ class DistData(Data):
                     f"(files from different partitionings mixed?)")
         if corrupt is not None:  # of this partitioning, yet not the bytes it recorded
             raise corrupt
-        if "x_file" in item:  # written apart (partition --from): mapped, not read
-            item["x"] = _mapped_features(root, meta, item.pop("x_file"))
+        for key in ("x", "edge_index"):  # written apart (partition --from): mapped
+            if f"{key}_file" in item:
+                item[key] = _mapped(root, meta, item.pop(f"{key}_file"))
         _validate(item, path)
         data = cls(**item)
         data.num_nodes = data.num_inner
@@ -132,10 +133,10 @@ class DistData(Data):
                 f"num_features={self.num_features})")
 
 
-def _mapped_features(root: str, meta: dict, name: str) -> Tensor:
-    r"""The feature rows in ``root/name``, checked against ``meta.json``
-    (read once in chunks) and then memory-mapped copy-on-write: the rank's
-    memory holds the pages it touches, shared with the page cache."""
+def _mapped(root: str, meta: dict, name: str) -> Tensor:
+    r"""The array in ``root/name``, checked against ``meta.json`` (read once
+    in chunks) and then memory-mapped copy-on-write: the rank's memory holds
+    the pages it touches, shared with the page cache."""
     path = osp.join(root, name)
     verify(path, described(root, meta, name))
     return torch.from_numpy(np.load(path, mmap_mode="c"))

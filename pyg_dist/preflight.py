@@ -23,7 +23,8 @@ import os.path as osp
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from pyg_dist.integrity import verify
-from pyg_dist.partition.book import META_FILE, described, features_file, part_file, read_meta
+from pyg_dist.partition.book import (META_FILE, described, edges_file, features_file, part_file,
+                                     read_meta)
 
 
 class PreflightError(RuntimeError):
@@ -71,8 +72,9 @@ def check_parts(root: str, meta: Dict[str, Any], ranks: Sequence[int],
     for rank in ranks:
         if 0 <= rank < meta["num_parts"]:
             check_file(root, meta, osp.basename(part_file(root, rank)), problems)
-            if features_file(rank) in meta["files"]:  # kept apart by partition --from
-                check_file(root, meta, features_file(rank), problems)
+            for name in (features_file(rank), edges_file(rank)):
+                if name in meta["files"]:  # kept apart by partition --from
+                    check_file(root, meta, name, problems)
 
 
 def check_batch_parts(root: str, meta: Dict[str, Any], ranks: Sequence[int],

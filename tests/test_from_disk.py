@@ -87,18 +87,24 @@ def test_parts_equal_the_in_memory_path(tmp_path, method, directed):
     assert_same_parts(tmp_path / "memory", tmp_path / "disk", 3)
 
 
-def test_features_are_mapped_and_checked(tmp_path):
+def test_features_and_edges_are_mapped_and_checked(tmp_path):
     data = small_graph(seed=4)
     folder = write_folder(data, tmp_path / "graph", x_dtype=np.float16)
     partition_graph(str(folder), 2, method="random", root=str(tmp_path / "parts"))
     part = DistData.load(str(tmp_path / "parts"), 1)
     assert part.x.dtype == torch.float16
-    with open("/proc/self/maps") as maps:  # the rows stay in the file, mapped
-        assert str(tmp_path / "parts" / "part_1_x.npy") in maps.read()
+    with open("/proc/self/maps") as maps:  # the rows stay in the files, mapped
+        mapped = maps.read()
+    for name in ("part_1_x.npy", "part_1_edge_index.npy"):
+        assert str(tmp_path / "parts" / name) in mapped
     torch.testing.assert_close(part.x, data.x.half()[part.n_id[:part.num_inner]])
-    flip_bytes(str(tmp_path / "parts" / "part_1_x.npy"), 300)
-    with pytest.raises(CorruptFileError, match="part_1_x.npy"):
-        DistData.load(str(tmp_path / "parts"), 1)
+    del part
+    for name in ("part_1_x.npy", "part_1_edge_index.npy"):
+        good = (tmp_path / "parts" / name).read_bytes()
+        flip_bytes(str(tmp_path / "parts" / name), 300)
+        with pytest.raises(CorruptFileError, match=name):
+            DistData.load(str(tmp_path / "parts"), 1)
+        (tmp_path / "parts" / name).write_bytes(good)
 
 
 def test_kaminpar_balances_and_cuts_less_than_random(tmp_path):

@@ -26,6 +26,12 @@ def features_file(rank: int) -> str:
     return f"part_{rank}_x.npy"
 
 
+def edges_file(rank: int) -> str:
+    r"""The name of part :obj:`rank`'s ``edge_index`` when it is kept apart
+    from its part file (``.npy``, written in chunks, memory-mapped by the rank)."""
+    return f"part_{rank}_edge_index.npy"
+
+
 def owner_of(global_id: Tensor, partptr: Tensor) -> Tensor:
     r"""The part that owns each relabelled global id (parts own contiguous
     ranges ``partptr[r]:partptr[r + 1]``)."""

@@ -43,7 +43,7 @@ import torch
 from tqdm import tqdm
 
 from pyg_dist.integrity import Sum64, save_checked
-from pyg_dist.partition.book import (FORMAT_VERSION, META_FILE, PartitionBook,
+from pyg_dist.partition.book import (FORMAT_VERSION, META_FILE, PartitionBook, edges_file,
                                      features_file, owner_of, part_file, partitioning_id,
                                      versions)
 from pyg_dist.partition.kaminpar import kaminpar_assignment
@@ -112,20 +112,25 @@ class GraphFolder:
                    self.dst.read(start, start + size).astype(np.int64, copy=False))
 
 
-def scan_edges(graph: GraphFolder, chunk: int) -> str:
+def scan_edges(graph: GraphFolder, chunk: int) -> Tuple[str, np.ndarray, np.ndarray]:
     r"""One pass over the edges: ids in range (else one line naming the
-    file) and the graph hash (equal to :func:`~pyg_dist.partition.graph_hash`
-    of the same graph in memory)."""
+    file), the graph hash (equal to :func:`~pyg_dist.partition.graph_hash`
+    of the same graph in memory) and the out- and in-degrees."""
     digest = hashlib.sha256(str((graph.num_nodes, graph.x.shape)).encode())
+    degrees = []
     for array in (graph.src, graph.dst):  # the hash sees all sources, then all targets
+        degree = np.zeros(graph.num_nodes, dtype=np.int64)
         for start, ids in array.chunks(chunk):
             if ids.size and (ids.min() < 0 or ids.max() >= graph.num_nodes):
                 bad = int(np.flatnonzero((ids < 0) | (ids >= graph.num_nodes))[0])
                 raise GraphFileError(f"'{array.path}' holds node id {int(ids[bad])} at "
                                      f"position {start + bad:,}, outside [0, "
                                      f"{graph.num_nodes:,}) (the rows of x.npy)")
-            digest.update(ids.astype(np.int64, copy=False).tobytes())
-    return digest.hexdigest()[:16]
+            ids = ids.astype(np.int64, copy=False)
+            digest.update(ids.tobytes())
+            degree += np.bincount(ids, minlength=graph.num_nodes)
+        degrees.append(degree)
+    return digest.hexdigest()[:16], degrees[0], degrees[1]
 
 
 def partition_folder(
@@ -188,7 +193,7 @@ def partition_folder(
     os.makedirs(work)
     try:
         with steps("check edges"):
-            ghash = scan_edges(graph, chunk_edges)
+            ghash, deg_out, deg_in = scan_edges(graph, chunk_edges)
         masks = np.stack([graph.masks[k].read() for k in balance], 1) if balance else None
         if not partitions:
             assignment = random_assignment(graph.num_nodes, num_parts, seed)
@@ -204,10 +209,10 @@ def partition_folder(
                     path, entries, num_parts, method, objective, masks, seed,
                     partitioner_degree)
         with steps("edges to parts"):
-            book, halos, part_edges, edge_cut, deg_in, deg_out = _spill_edges(
-                graph, assignment, num_parts, work, chunk_edges)
+            book, buckets, halos, edge_cut = _spill_edges(
+                graph, assignment, deg_in, num_parts, work, chunk_edges, bucket_entries)
         with steps("part files"):
-            files, part_stats = _write_parts(graph, book, halos, part_edges, deg_in,
+            files, part_stats = _write_parts(graph, book, buckets, halos, deg_in,
                                              deg_out, ghash, root)
         with steps("features"):
             files.update(_write_features(graph, assignment.numpy(), num_parts, root))
@@ -290,12 +295,15 @@ class _Steps:
         self.bar.close()
 
 
-def _spill_edges(graph: GraphFolder, assignment: torch.Tensor, num_parts: int, work: str,
-                 chunk_edges: int):
+def _spill_edges(graph: GraphFolder, assignment: torch.Tensor, deg_in: np.ndarray,
+                 num_parts: int, work: str, chunk_edges: int, bucket_entries: int):
     r"""Relabels nodes part by part and appends every edge, as the key
     ``target * N + source`` of relabelled ids, to the spill file of its
-    target's part; then sorts each part's keys (the (target, source) order
-    of the part files) and finds its halo."""
+    target's range: consecutive targets of one part with about
+    :obj:`bucket_entries` in-edges (known from :obj:`deg_in`). Each file is
+    then sorted alone (together in order: the (target, source) order of the
+    part files) and its sources marked, giving each part's halo; memory
+    holds node-sized arrays and one chunk or one file of keys."""
     n = graph.num_nodes
     part = assignment.numpy()
     perm = np.argsort(part, kind="stable")
@@ -303,69 +311,81 @@ def _spill_edges(graph: GraphFolder, assignment: torch.Tensor, num_parts: int, w
     inv_perm[perm] = np.arange(n)
     partptr = np.zeros(num_parts + 1, dtype=np.int64)
     np.cumsum(np.bincount(part, minlength=num_parts), out=partptr[1:])
-    spills = [osp.join(work, f"edges_{r}.bin") for r in range(num_parts)]
-    first_keys = partptr * n  # part r's keys: [partptr[r] * n, partptr[r + 1] * n)
+    first_node = _bucket_bounds(deg_in[perm], partptr, bucket_entries)
+    spills = [osp.join(work, f"edges_{b}.bin") for b in range(first_node.size - 1)]
     edge_cut = 0
-    deg_in, deg_out = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
 
-    def keys():  # counts the cut and the degrees on the way (not held while partitioning)
-        nonlocal edge_cut, deg_in, deg_out
+    def keys():  # counts the cut on the way
+        nonlocal edge_cut
         for src, dst in graph.edge_chunks(chunk_edges):
             edge_cut += int((part[src] != part[dst]).sum())
-            deg_out += np.bincount(src, minlength=n)
-            deg_in += np.bincount(dst, minlength=n)
             yield inv_perm[dst] * n + inv_perm[src]
 
-    spill_by_range(keys(), first_keys, spills)
+    spill_by_range(keys(), first_node * n, spills)
+    inv_perm = None  # 8 bytes per node, not needed by the sorts
+    buckets: List[List[str]] = [[] for _ in range(num_parts)]
     halos = []
     seen = np.zeros(n, dtype=bool)  # marking beats hashing (np.unique) 10x here
-    for r, spill in enumerate(spills):
-        key = np.fromfile(spill, dtype=np.int64)
-        key.sort()
-        key.tofile(spill)
-        seen[np.remainder(key, n, out=key)] = True  # the sources
+    owner = np.searchsorted(partptr, first_node[:-1], side="right") - 1
+    for r in range(num_parts):
+        for b in np.flatnonzero(owner == r):
+            key = np.fromfile(spills[b], dtype=np.int64)
+            key.sort()
+            key.tofile(spills[b])
+            seen[np.remainder(key, n, out=key)] = True  # the sources
+            buckets[r].append(spills[b])
         seen[partptr[r]:partptr[r + 1]] = False
         halos.append(np.flatnonzero(seen))
         seen[halos[-1]] = False
     book = PartitionBook(torch.from_numpy(partptr), torch.from_numpy(perm))
-    return book, halos, spills, edge_cut, deg_in, deg_out
+    return book, buckets, halos, edge_cut
 
 
-def _write_parts(graph: GraphFolder, book: PartitionBook, halos: List[np.ndarray],
-                 part_edges: List[str], deg_in: np.ndarray, deg_out: np.ndarray,
+def _bucket_bounds(count: np.ndarray, partptr: np.ndarray, bucket_entries: int) -> np.ndarray:
+    r"""First nodes of consecutive node ranges, each inside one part and
+    with about :obj:`bucket_entries` of :obj:`count` (more only for a node
+    that has more alone), ending with :math:`N`."""
+    cumulative = np.concatenate(([0], np.cumsum(count)))
+    bounds = [partptr[:-1]]
+    for r in range(partptr.size - 1):
+        lo, hi = int(partptr[r]), int(partptr[r + 1])
+        targets = np.arange(cumulative[lo] + bucket_entries, cumulative[hi], bucket_entries)
+        bounds.append(np.searchsorted(cumulative, targets, side="right") - 1)
+    first = np.unique(np.concatenate(bounds))
+    return np.concatenate((first, [count.size]))
+
+
+def _write_parts(graph: GraphFolder, book: PartitionBook, buckets: List[List[str]],
+                 halos: List[np.ndarray], deg_in: np.ndarray, deg_out: np.ndarray,
                  ghash: str, root: str):
-    r"""Part ``r``'s file, built from its sorted keys exactly as
+    r"""Part ``r``'s file, built from its sorted key files exactly as
     :func:`~pyg_dist.partition.partition.build_parts` builds it in memory,
-    without ``x`` (in ``part_{r}_x.npy``)."""
+    with ``x`` (in ``part_{r}_x.npy``, :func:`_write_features`) and
+    ``edge_index`` (in ``part_{r}_edge_index.npy``, written here one key
+    file at a time) kept apart."""
     n, num_parts = graph.num_nodes, book.num_parts
     partptr, perm = book.partptr, book.perm
     partitioning = partitioning_id(ghash, perm, partptr)
     node_arrays = {k: a.read() for k, a in (("y", graph.y), *graph.masks.items())
                    if a is not None}
     files, stats = {}, []
-    local = torch.empty(n, dtype=torch.long)
+    local = np.empty(n, dtype=np.int64)
     for r in range(num_parts):
         lo, hi = int(partptr[r]), int(partptr[r + 1])
         halo = torch.from_numpy(halos[r])
         halo_owner = owner_of(halo, partptr)
         global_id = torch.cat([torch.arange(lo, hi), halo])
-        local[lo:hi] = torch.arange(hi - lo)  # global -> local id of this part's nodes
-        local[halo] = (hi - lo) + torch.arange(halo.numel())
-        # In place, so a part's edges cost 24 bytes each at the peak (a hub-heavy
-        # part of a power-law graph may hold a large share of all edges).
-        key = torch.from_numpy(np.fromfile(part_edges[r], dtype=np.int64))
-        os.remove(part_edges[r])
-        edge_index = torch.empty(2, key.numel(), dtype=torch.long)
-        torch.floor_divide(key, n, out=edge_index[1])
-        edge_index[1] -= lo
-        torch.index_select(local, 0, key.remainder_(n), out=edge_index[0])
-        del key
+        local[lo:hi] = np.arange(hi - lo)  # global -> local id of this part's nodes
+        local[halos[r]] = (hi - lo) + np.arange(halo.numel())
+        num_edges = sum(osp.getsize(b) for b in buckets[r]) // 8
+        files[edges_file(r)] = _write_edge_index(
+            osp.join(root, edges_file(r)), buckets[r], num_edges, n,
+            source=lambda key: local[key % n], target=lambda key, lo=lo: key // n - lo)
         send = [torch.from_numpy(h[(h >= lo) & (h < hi)] - lo) for h in halos]
         inner_orig = perm[lo:hi].numpy()
         item: Dict[str, Any] = {
             "format_version": FORMAT_VERSION, "rank": r, "num_parts": num_parts,
             "num_inner": hi - lo, "num_halo": halo.numel(),
-            "edge_index": edge_index,
             "global_id": global_id, "n_id": perm[global_id],
             "halo_owner": halo_owner, "halo_remote_id": halo - partptr[halo_owner],
             "deg_in": torch.from_numpy(deg_in)[perm[global_id]],
@@ -375,19 +395,37 @@ def _write_parts(graph: GraphFolder, book: PartitionBook, halos: List[np.ndarray
             "recv_counts": torch.bincount(halo_owner, minlength=num_parts),
             "partptr": partptr,
             "graph_hash": ghash, "partitioning_id": partitioning,
-            "x_file": features_file(r),
+            "x_file": features_file(r), "edge_index_file": edges_file(r),
             **{k: torch.from_numpy(a[inner_orig]) for k, a in node_arrays.items()},
         }
         files[osp.basename(part_file(root, r))] = save_checked(item, part_file(root, r))
         stats.append({
             "part": r, "num_inner": hi - lo, "num_halo": halo.numel(),
-            "halo_ratio": halo.numel() / max(hi - lo, 1),
-            "num_edges": edge_index.size(1),
+            "halo_ratio": halo.numel() / max(hi - lo, 1), "num_edges": num_edges,
             **{f"num_{k.split('_')[0]}": int(node_arrays[k][inner_orig].sum())
                for k in MASKS if k in node_arrays},
         })
-        del item, edge_index  # before the next part's edges: one part's at a time
     return files, stats
+
+
+def _write_edge_index(path: str, buckets: List[str], num_edges: int, n: int,
+                      source, target) -> Dict[str, int]:
+    r"""Writes the ``[2, E]`` int64 ``edge_index`` of a part from its sorted
+    key files: the :obj:`source` ids of every key, then the :obj:`target`
+    ids (two passes, one file of keys in memory); returns its description."""
+    digest = Sum64()
+    writer = NpyWriter(path, (2, num_edges), np.int64, digest=digest)
+    try:
+        for row in (source, target):
+            for bucket in buckets:
+                writer.append(row(np.fromfile(bucket, dtype=np.int64)))
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
+    for bucket in buckets:
+        os.remove(bucket)
+    return digest.describe()
 
 
 def _write_features(graph: GraphFolder, part: np.ndarray, num_parts: int,

@@ -76,13 +76,14 @@ class NpyReader:
 
 class NpyWriter:
     r"""Writes an ``.npy`` file of :obj:`shape` and :obj:`dtype` row chunk by
-    row chunk; the file appears under its name only once every row is
-    written (:meth:`close`), so an interrupted write leaves no file that
+    row chunk (:meth:`write`), or value chunk by value chunk in C order
+    (:meth:`append`); the file appears under its name only once every value
+    is written (:meth:`close`), so an interrupted write leaves no file that
     loads."""
 
     def __init__(self, path: str, shape: Tuple[int, ...], dtype, digest=None):
         self.path, self.shape, self.dtype = path, tuple(int(s) for s in shape), np.dtype(dtype)
-        self.rows, self.digest = 0, digest  # digest: anything with update(bytes)
+        self.values, self.digest = 0, digest  # digest: anything with update(bytes)
         self._file = open(path + ".tmp", "wb")
         header = io.BytesIO()
         np.lib.format.write_array_header_2_0(header, {
@@ -99,14 +100,18 @@ class NpyWriter:
         if tuple(rows.shape[1:]) != self.shape[1:]:
             raise ValueError(f"rows of shape {tuple(rows.shape[1:])} written to "
                              f"'{self.path}' of shape {self.shape}")
-        self._put(np.ascontiguousarray(rows, dtype=self.dtype).tobytes())
-        self.rows += len(rows)
+        self.append(rows)
+
+    def append(self, values: np.ndarray) -> None:
+        self._put(np.ascontiguousarray(values, dtype=self.dtype).tobytes())
+        self.values += values.size
 
     def close(self) -> None:
         self._file.close()
-        if self.rows != self.shape[0]:
+        total = int(np.prod(self.shape))
+        if self.values != total:
             os.remove(self._file.name)
-            raise ValueError(f"'{self.path}': {self.rows} rows written of {self.shape[0]}")
+            raise ValueError(f"'{self.path}': {self.values} values written of {total}")
         os.replace(self._file.name, self.path)
 
     def abort(self) -> None:
