@@ -143,21 +143,31 @@ def train(workdir: str, root: str, name: str, flags: List[str]) -> Dict[str, Any
 
 def extrapolate(rows: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     r"""ogbn-papers100M's partitioning by KaMinPar, from the two largest
-    scales: time linear in the edges, peak memory linear in the nodes
-    (both graphs have about 30 symmetrised neighbours per node)."""
+    scales: time linear in the edges; memory linear in the nodes, step by
+    step (both graphs have about 30 symmetrised neighbours per node, as
+    papers100M has 29), the peak being the largest step's."""
     done = sorted((r for r in rows if r["method"] == "kaminpar" and "error" not in r),
                   key=lambda r: r["num_nodes"])
     if len(done) < 2:
         return None
     small, large = done[-2], done[-1]
+
+    def linear(a: float, b: float) -> float:
+        per_node = (b - a) / (large["num_nodes"] - small["num_nodes"])
+        return b + per_node * (PAPERS_NODES - large["num_nodes"])
+
     extrapolated = {"from_scales": [small["scale"], large["scale"]], "nodes": PAPERS_NODES,
                     "edges": PAPERS_EDGES,
-                    "hours": large["ns_per_edge"] * PAPERS_EDGES / 1e9 / 3600}
+                    "hours": large["ns_per_edge"] * PAPERS_EDGES / 1e9 / 3600,
+                    "whole_run_peak_rss_gib": linear(small["peak_rss_gib"],
+                                                     large["peak_rss_gib"])}
+    steps = {s["step"]: s for s in small.get("steps", [])}
+    extrapolated["steps"] = [
+        {"step": s["step"], **{key: linear(steps[s["step"]][key], s[key])
+                               for key in ("peak_rss_gib", "peak_anon_gib")}}
+        for s in large.get("steps", []) if s["step"] in steps]
     for key in ("peak_rss_gib", "peak_anon_gib"):
-        if key in small and key in large:
-            per_node = (large[key] - small[key]) / (large["num_nodes"] - small["num_nodes"])
-            extrapolated[key] = large[key] + per_node * (PAPERS_NODES - large["num_nodes"])
-            extrapolated[key.replace("gib", "bytes_per_node")] = per_node * GiB
+        extrapolated[key] = max((s[key] for s in extrapolated["steps"]), default=None)
     return extrapolated
 
 
@@ -257,12 +267,19 @@ def print_table(results: Dict[str, Any]) -> None:
               f"{[round(m, 2) for m in r['peak_mem_per_rank_gib']]} GiB, wall "
               f"{r['seconds']:.0f} s (peak RSS of the launcher and ranks: "
               f"{r['peak_rss_gib']:.2f} GiB)")
+    for r in results["partitions"]:
+        for step in r.get("steps", []):
+            print(f"  2^{r['scale']} {r['method']} {step['step']:>18}: {step['seconds']:7.1f} s, "
+                  f"peak {step['peak_rss_gib']:.2f} GiB (anonymous {step['peak_anon_gib']:.2f})")
     e = results.get("extrapolation")
     if e:
         print(f"papers100M ({e['nodes']:,} nodes, {e['edges']:,} edges), extrapolated from "
-              f"2^{e['from_scales'][0]} and 2^{e['from_scales'][1]}: peak RSS "
-              f"{e['peak_rss_gib']:.1f} GiB (anonymous {e.get('peak_anon_gib', float('nan')):.1f}"
-              f" GiB), {e['hours']:.1f} h")
+              f"2^{e['from_scales'][0]} and 2^{e['from_scales'][1]}, step by step:")
+        for step in e["steps"]:
+            print(f"  {step['step']:>18}: {step['peak_rss_gib']:.1f} GiB (anonymous "
+                  f"{step['peak_anon_gib']:.1f})")
+        print(f"  peak {e['peak_rss_gib']:.1f} GiB, {e['hours']:.1f} h (the whole run's "
+              f"peak RSS extrapolated alone: {e['whole_run_peak_rss_gib']:.1f} GiB)")
 
 
 if __name__ == "__main__":

@@ -60,10 +60,11 @@ CHUNK_EDGES = 1 << 23
 CHUNK_NODES = 1 << 20
 TMP_DIR = ".partition-tmp"
 # KaMinPar reads at most this many neighbours per node on average (a sample
-# beyond): on a Reddit-shaped graph (degree 100), a community graph (20) and
-# R-MAT (30), the cut after refinement stayed within 0.5 points of KaMinPar
-# on every edge (measured; 8 cost Reddit-shaped 3 points).
-PARTITIONER_DEGREE = 12.0
+# beyond), which bounds its memory (~17-19 bytes per neighbour it reads on
+# R-MAT, measured). After refinement, the cut measured against KaMinPar on
+# every edge: R-MAT (degree 30) 0.5-4 points lower, a community graph (20)
+# the same, Reddit-shaped (100) 1-1.6 points higher (12: 0.2 higher).
+PARTITIONER_DEGREE = 8.0
 
 
 class GraphFolder:
@@ -129,7 +130,8 @@ def scan_edges(graph: GraphFolder, chunk: int) -> Tuple[str, np.ndarray, np.ndar
             ids = ids.astype(np.int64, copy=False)
             digest.update(ids.tobytes())
             degree += np.bincount(ids, minlength=graph.num_nodes)
-        degrees.append(degree)
+        # Held until the part files: 4 bytes per node when the degrees fit.
+        degrees.append(degree.astype(np.int32) if degree.max(initial=0) < 2**31 else degree)
     return digest.hexdigest()[:16], degrees[0], degrees[1]
 
 
@@ -161,10 +163,11 @@ def partition_folder(
     neighbour entry on R-MAT graphs, measured): when the symmetrised graph
     averages more than :obj:`partitioner_degree` neighbours per node, it
     partitions a sample that keeps each undirected edge with probability
-    ``partitioner_degree / average degree``, and the result is then refined
-    on the whole graph (:func:`~pyg_dist.partition.refine.refine`).
-    ``None`` gives it every edge. ``meta["partitioner_input"]`` records
-    what it read.
+    ``partitioner_degree / average degree`` (``None``: every edge). Its
+    result is then refined on the whole graph
+    (:func:`~pyg_dist.partition.refine.refine`; on the R-MAT graph of 2^22
+    nodes, 49.7% of the edges cut instead of KaMinPar's 64.5%, measured).
+    ``meta["partitioner_input"]`` records what it read.
     """
     if method not in METHODS:
         raise ValueError(f"Unknown method '{method}' for a graph folder (choose from "
@@ -213,7 +216,9 @@ def partition_folder(
                 graph, assignment, deg_in, num_parts, work, chunk_edges, bucket_entries)
         with steps("part files"):
             files, part_stats = _write_parts(graph, book, buckets, halos, deg_in,
-                                             deg_out, ghash, root)
+                                             deg_out, ghash, root, chunk_edges)
+            comm_volume = int(sum(h.size for h in halos))
+            del halos, deg_in, deg_out  # node-sized: not held while the features stream
         with steps("features"):
             files.update(_write_features(graph, assignment.numpy(), num_parts, root))
     finally:
@@ -235,7 +240,7 @@ def partition_folder(
                                                else int(y.max()) + 1),
         "partitioner_input": partitioner_input,
         "edge_cut": edge_cut, "edge_cut_ratio": edge_cut / max(graph.num_edges, 1),
-        "comm_volume": int(sum(h.size for h in halos)),
+        "comm_volume": comm_volume,
         **mask_counts, "parts": part_stats, "versions": versions(),
         "source": osp.abspath(folder), "files": files, "steps": steps.done,
     }
@@ -255,12 +260,13 @@ def _partition(path: str, entries: int, num_parts: int, method: str, objective: 
         if keep < 1.0:
             sample = path + ".sample"
             read.update(neighbours=write_sampled(path, sample, keep, seed),
-                        keep_probability=keep, refined=True)
+                        keep_probability=keep)
             part = kaminpar_assignment(sample, num_parts, seed).numpy()
             os.remove(sample)
-            assignment = torch.from_numpy(refine(path, part, num_parts))
         else:
-            assignment = kaminpar_assignment(path, num_parts, seed)
+            part = kaminpar_assignment(path, num_parts, seed).numpy()
+        assignment = torch.from_numpy(refine(path, part, num_parts))
+        read["refined"] = True
     # The CSR is mapped only for METIS or the balancing (and after KaMinPar,
     # whose peak it would add to).
     csr = read_csr(path) if method == "metis" else None
@@ -357,7 +363,7 @@ def _bucket_bounds(count: np.ndarray, partptr: np.ndarray, bucket_entries: int) 
 
 def _write_parts(graph: GraphFolder, book: PartitionBook, buckets: List[List[str]],
                  halos: List[np.ndarray], deg_in: np.ndarray, deg_out: np.ndarray,
-                 ghash: str, root: str):
+                 ghash: str, root: str, chunk_edges: int):
     r"""Part ``r``'s file, built from its sorted key files exactly as
     :func:`~pyg_dist.partition.partition.build_parts` builds it in memory,
     with ``x`` (in ``part_{r}_x.npy``, :func:`_write_features`) and
@@ -379,7 +385,7 @@ def _write_parts(graph: GraphFolder, book: PartitionBook, buckets: List[List[str
         local[halos[r]] = (hi - lo) + np.arange(halo.numel())
         num_edges = sum(osp.getsize(b) for b in buckets[r]) // 8
         files[edges_file(r)] = _write_edge_index(
-            osp.join(root, edges_file(r)), buckets[r], num_edges, n,
+            osp.join(root, edges_file(r)), buckets[r], num_edges, chunk_edges,
             source=lambda key: local[key % n], target=lambda key, lo=lo: key // n - lo)
         send = [torch.from_numpy(h[(h >= lo) & (h < hi)] - lo) for h in halos]
         inner_orig = perm[lo:hi].numpy()
@@ -388,8 +394,8 @@ def _write_parts(graph: GraphFolder, book: PartitionBook, buckets: List[List[str
             "num_inner": hi - lo, "num_halo": halo.numel(),
             "global_id": global_id, "n_id": perm[global_id],
             "halo_owner": halo_owner, "halo_remote_id": halo - partptr[halo_owner],
-            "deg_in": torch.from_numpy(deg_in)[perm[global_id]],
-            "deg_out": torch.from_numpy(deg_out)[perm[global_id]],
+            "deg_in": torch.from_numpy(deg_in)[perm[global_id]].long(),
+            "deg_out": torch.from_numpy(deg_out)[perm[global_id]].long(),
             "send_index": torch.cat(send),
             "send_counts": torch.tensor([t.numel() for t in send]),
             "recv_counts": torch.bincount(halo_owner, minlength=num_parts),
@@ -408,17 +414,19 @@ def _write_parts(graph: GraphFolder, book: PartitionBook, buckets: List[List[str
     return files, stats
 
 
-def _write_edge_index(path: str, buckets: List[str], num_edges: int, n: int,
+def _write_edge_index(path: str, buckets: List[str], num_edges: int, chunk: int,
                       source, target) -> Dict[str, int]:
     r"""Writes the ``[2, E]`` int64 ``edge_index`` of a part from its sorted
     key files: the :obj:`source` ids of every key, then the :obj:`target`
-    ids (two passes, one file of keys in memory); returns its description."""
+    ids (two passes, :obj:`chunk` keys at a time); returns its description."""
     digest = Sum64()
     writer = NpyWriter(path, (2, num_edges), np.int64, digest=digest)
     try:
         for row in (source, target):
             for bucket in buckets:
-                writer.append(row(np.fromfile(bucket, dtype=np.int64)))
+                for start in range(0, osp.getsize(bucket) // 8, chunk):
+                    writer.append(row(np.fromfile(bucket, dtype=np.int64, count=chunk,
+                                                  offset=8 * start)))
     except BaseException:
         writer.abort()
         raise
@@ -437,7 +445,7 @@ def _write_features(graph: GraphFolder, part: np.ndarray, num_parts: int,
     digests = [Sum64() for _ in range(num_parts)]
     writers = [NpyWriter(osp.join(root, features_file(r)), (int(sizes[r]), graph.x.shape[1]),
                          graph.x.dtype, digest=digests[r]) for r in range(num_parts)]
-    rows = max(1, CHUNK_NODES * 64 // max(graph.x.shape[1], 1))  # ~256 MiB of fp32
+    rows = max(1, CHUNK_NODES * 16 // max(graph.x.shape[1], 1))  # ~64 MiB of fp32
     try:
         for start, x in graph.x.chunks(rows):
             owner = part[start:start + len(x)]

@@ -40,16 +40,19 @@ def kaminpar_graph_assignment(edge_index: Tensor, num_nodes: int, num_parts: int
                               balance_masks: Optional[Tensor] = None, seed: int = 0,
                               tolerance: float = 0.03) -> Tensor:
     r""":func:`kaminpar_assignment` of a graph in memory (written to a
-    temporary ParHIP file), with the columns of :obj:`balance_masks`
-    balanced afterwards as :func:`~pyg_dist.partition.metis.metis_assignment`
-    balances them."""
+    temporary ParHIP file), refined (:func:`~pyg_dist.partition.refine.refine`)
+    as the out-of-core path refines it, with the columns of
+    :obj:`balance_masks` balanced afterwards as
+    :func:`~pyg_dist.partition.metis.metis_assignment` balances them."""
     from pyg_dist.partition.metis import rebalance, symmetric_csr
     from pyg_dist.partition.parhip import write_csr
+    from pyg_dist.partition.refine import refine
     rowptr, col = symmetric_csr(edge_index, num_nodes)
     with tempfile.TemporaryDirectory() as work:
         path = osp.join(work, "graph.parhip")
         write_csr(rowptr.numpy(), col.numpy(), path)
-        assignment = kaminpar_assignment(path, num_parts, seed, tolerance)
+        part = kaminpar_assignment(path, num_parts, seed, tolerance).numpy()
+        assignment = torch.from_numpy(refine(path, part, num_parts, tolerance))
     if balance_masks is not None and num_parts > 1:
         rebalance(assignment, rowptr, col, balance_masks, num_parts, tolerance)
     return assignment
