@@ -61,9 +61,10 @@ CHUNK_NODES = 1 << 20
 TMP_DIR = ".partition-tmp"
 # KaMinPar reads at most this many neighbours per node on average (a sample
 # beyond), which bounds its memory (~17-19 bytes per neighbour it reads on
-# R-MAT, measured). After refinement, the cut measured against KaMinPar on
-# every edge: R-MAT (degree 30) 0.5-4 points lower, a community graph (20)
-# the same, Reddit-shaped (100) 1-1.6 points higher (12: 0.2 higher).
+# R-MAT, measured). After refinement, against KaMinPar on every edge (two
+# seeds each): R-MAT 2^22 (degree 30) 64.2% of the edges cut vs 66-68%, a
+# community graph (degree 20) 3.4-3.5% vs 3.1-3.7%, Reddit-shaped (degree
+# 100) 31.8-32.2% vs 31.1-31.2% (12: 31.3-31.5%, but ~1.3x the memory).
 PARTITIONER_DEGREE = 8.0
 
 
@@ -165,8 +166,7 @@ def partition_folder(
     partitions a sample that keeps each undirected edge with probability
     ``partitioner_degree / average degree`` (``None``: every edge). Its
     result is then refined on the whole graph
-    (:func:`~pyg_dist.partition.refine.refine`; on the R-MAT graph of 2^22
-    nodes, 49.7% of the edges cut instead of KaMinPar's 64.5%, measured).
+    (:func:`~pyg_dist.partition.refine.refine`).
     ``meta["partitioner_input"]`` records what it read.
     """
     if method not in METHODS:
