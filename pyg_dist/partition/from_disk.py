@@ -64,7 +64,8 @@ TMP_DIR = ".partition-tmp"
 # R-MAT, measured). After refinement, against KaMinPar on every edge (two
 # seeds each): R-MAT 2^22 (degree 30) 64.2% of the edges cut vs 66-68%, a
 # community graph (degree 20) 3.4-3.5% vs 3.1-3.7%, Reddit-shaped (degree
-# 100) 31.8-32.2% vs 31.1-31.2% (12: 31.3-31.5%, but ~1.3x the memory).
+# 100) 31.8-32.2% vs 31.1-31.2% (12: 31.3-31.5%, but KaMinPar's peak on
+# R-MAT 2^24 was 3.3 GiB instead of 2.5).
 PARTITIONER_DEGREE = 8.0
 
 
