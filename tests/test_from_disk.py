@@ -271,3 +271,15 @@ def test_a_folder_of_edges_and_features_only(tmp_path):
     assert part.y is None and part.x.size(0) == part.num_inner
     with pytest.raises(GraphFileError, match="balance names 'train_mask'"):
         partition_graph(str(folder), 2, root=str(tmp_path / "p2"), balance=("train_mask", ))
+
+
+@pytest.mark.parametrize("name", ["part_1_x.npy", "part_1_edge_index.npy"])
+def test_the_preflight_names_a_bad_file_kept_apart(tmp_path, capsys, name):
+    from tests.test_preflight import TRAIN, _refused
+    folder = write_folder(small_graph(seed=6), tmp_path / "graph")
+    root = str(tmp_path / "parts")
+    partition_folder(str(folder), 2, root, method="random")
+    flip_bytes(osp.join(root, name), 200)
+    assert "corrupt" in _refused(capsys, "train", ["--root", root, *TRAIN], name)
+    os.remove(osp.join(root, name))
+    assert "missing" in _refused(capsys, "train", ["--root", root, *TRAIN], name)

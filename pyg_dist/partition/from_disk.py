@@ -11,19 +11,23 @@ A *graph folder* holds one ``.npy`` file per array:
 
 (:func:`~pyg_dist.datasets.write_rmat` writes one; OGB's binary layout is
 converted by :func:`~pyg_dist.datasets.ogb_to_graph_dir`). Every pass reads
-these files in chunks, so memory holds a chunk, node-sized arrays (the
-assignment, the relabelling, the degrees: 8 bytes per node each) and one
-part's edges at a time, never the whole graph:
+these files in chunks, so memory holds a chunk (or a spilled bucket of
+about :math:`2^{25}` edges) and node-sized arrays (the assignment, the
+relabelling, the degrees: 4 to 8 bytes per node each), never the edges of
+the whole graph or of a part:
 
-1. check the files and hash the edges (one pass);
+1. check the files, hash the edges and count the degrees (one pass);
 2. write the symmetrised, de-duplicated graph for the partitioner
-   (:func:`~pyg_dist.partition.parhip.write_symmetric`) and partition it
-   (KaMinPar, METIS) — or assign at random;
-3. spill each edge, relabelled, to its target's part, counting degrees
-   (one pass), then sort one part at a time: its halo, then its exchange
-   plan and part file;
-4. copy the feature rows to one ``part_{r}_x.npy`` per part (one pass);
-   ranks memory-map it (:meth:`pyg_dist.DistData.load`).
+   (:func:`~pyg_dist.partition.parhip.write_symmetric`) and partition it:
+   KaMinPar (on a sample of the edges above ``partitioner_degree``, then
+   refined on all of them) or METIS; or assign at random;
+3. spill each edge, relabelled, to a bucket of consecutive targets of one
+   part (one pass); sort each bucket alone and mark its sources: the halos;
+4. per part, its exchange plan and part file, and its ``edge_index`` in
+   ``part_{r}_edge_index.npy``, written bucket by bucket;
+5. copy the feature rows to one ``part_{r}_x.npy`` per part (one pass).
+
+Ranks memory-map both ``.npy`` files (:meth:`pyg_dist.DistData.load`).
 
 The parts equal those :func:`~pyg_dist.partition_graph` builds in memory
 for the same assignment, tensor for tensor. ``meta.json`` is written last
