@@ -202,7 +202,11 @@ def partition_folder(
     try:
         with steps("check edges"):
             ghash, deg_out, deg_in = scan_edges(graph, chunk_edges)
-        masks = np.stack([graph.masks[k].read() for k in balance], 1) if balance else None
+        # Node-sized arrays wait on disk while the partitioner runs (its peak
+        # is the run's); the masks are read for the balancing, after it.
+        degrees = osp.join(work, "degrees.npy")
+        np.save(degrees, np.stack((deg_out, deg_in)))
+        del deg_out, deg_in
         if not partitions:
             assignment = random_assignment(graph.num_nodes, num_parts, seed)
             partitioner_input = None
@@ -214,8 +218,9 @@ def partition_folder(
                                           bucket_entries)
             with steps(method):
                 assignment, partitioner_input = _partition(
-                    path, entries, num_parts, method, objective, masks, seed,
-                    partitioner_degree)
+                    path, entries, num_parts, method, objective,
+                    [graph.masks[k] for k in balance], seed, partitioner_degree)
+        deg_out, deg_in = np.load(degrees)
         with steps("edges to parts"):
             book, buckets, halos, edge_cut = _spill_edges(
                 graph, assignment, deg_in, num_parts, work, chunk_edges, bucket_entries)
@@ -254,10 +259,11 @@ def partition_folder(
 
 
 def _partition(path: str, entries: int, num_parts: int, method: str, objective: str,
-               masks: Optional[np.ndarray], seed: int, partitioner_degree: Optional[float]
+               masks: List[NpyReader], seed: int, partitioner_degree: Optional[float]
                ) -> Tuple[torch.Tensor, Dict[str, Any]]:
     r"""The assignment of the symmetrised graph in the ParHIP file
-    :obj:`path` (:obj:`entries` neighbour ids), and what the partitioner read."""
+    :obj:`path` (:obj:`entries` neighbour ids), with :obj:`masks` balanced
+    (read once the partitioner is done), and what the partitioner read."""
     num_nodes = int(np.fromfile(path, dtype="<u8", count=2)[1])
     read = {"neighbours": entries, "keep_probability": 1.0, "refined": False}
     if method == "kaminpar":
@@ -277,10 +283,11 @@ def _partition(path: str, entries: int, num_parts: int, method: str, objective: 
     csr = read_csr(path) if method == "metis" else None
     if csr is not None:
         assignment = metis_csr_assignment(*csr, num_parts, objective, seed)
-    if masks is not None:
+    if masks:
         rowptr, col = csr or read_csr(path)
+        balance = np.stack([mask.read() for mask in masks], 1)
         rebalance(assignment, torch.from_numpy(rowptr), torch.from_numpy(col),
-                  torch.from_numpy(masks), num_parts)
+                  torch.from_numpy(balance), num_parts)
     return assignment, read
 
 

@@ -32,8 +32,8 @@ def kaminpar_assignment(parhip_path: str, num_parts: int, seed: int = 0,
     partitioner = kaminpar.KaMinPar(threads or torch.get_num_threads(),
                                     kaminpar.terapart_context())
     parts = partitioner.compute_partition(graph, num_parts, tolerance)
-    del graph
-    return torch.tensor(parts, dtype=torch.long)
+    del graph, partitioner  # before the list is copied: not beside it
+    return torch.from_numpy(np.fromiter(parts, dtype=np.int64, count=len(parts)))
 
 
 def kaminpar_graph_assignment(edge_index: Tensor, num_nodes: int, num_parts: int,
