@@ -146,9 +146,9 @@ def extrapolate(rows: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     scales: time linear in the edges; memory linear in the nodes, step by
     step (both graphs have about 30 symmetrised neighbours per node, as
     papers100M has 29), the peak being the largest step's."""
-    done = sorted((r for r in rows if r["method"] == "kaminpar" and "error" not in r),
-                  key=lambda r: r["num_nodes"])
-    if len(done) < 2:
+    done = sorted((r for r in rows if r["method"] == "kaminpar" and "error" not in r
+                   and "skipped" not in r), key=lambda r: r["num_nodes"])
+    if len(done) < 2 or done[-2]["num_nodes"] == done[-1]["num_nodes"]:
         return None
     small, large = done[-2], done[-1]
 
@@ -166,8 +166,9 @@ def extrapolate(rows: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
         {"step": s["step"], **{key: linear(steps[s["step"]][key], s[key])
                                for key in ("peak_rss_gib", "peak_anon_gib")}}
         for s in large.get("steps", []) if s["step"] in steps]
-    for key in ("peak_rss_gib", "peak_anon_gib"):
-        extrapolated[key] = max((s[key] for s in extrapolated["steps"]), default=None)
+    for key in ("peak_rss_gib", "peak_anon_gib"):  # rows without steps: the whole run's
+        extrapolated[key] = max((s[key] for s in extrapolated["steps"]),
+                                default=linear(small[key], large[key]))
     return extrapolated
 
 

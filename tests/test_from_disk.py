@@ -136,6 +136,9 @@ def test_kaminpar_reads_a_sample_above_its_degree_budget(tmp_path):
     assert full.meta["partitioner_input"]["keep_probability"] == 1.0
     rand = partition_folder(str(folder), 4, str(tmp_path / "random"), method="random")
     assert book.meta["edge_cut"] < 0.5 * rand.meta["edge_cut"]
+    for seed in (-1, 5):  # any seed hashes (uint64 arithmetic wraps silently)
+        partition_folder(str(folder), 4, str(tmp_path / f"seed{seed}"), balance=(),
+                         partitioner_degree=3.0, seed=seed)
     with pytest.raises(ValueError, match="partitioner_degree must be positive"):
         partition_folder(str(folder), 4, str(tmp_path / "bad"), partitioner_degree=0)
 
@@ -256,6 +259,17 @@ def test_cli_partitions_ogb_raw_layout(tmp_path):
     book = PartitionBook.load(str(tmp_path / "p"))
     assert book.meta["source"] == osp.join(str(folder), "pyg_dist_graph")
     assert book.meta["num_train"] > 0
+
+
+def test_a_graph_without_edges_partitions(tmp_path):
+    folder = tmp_path / "graph"
+    os.makedirs(folder)
+    np.save(folder / "src.npy", np.array([2, 3], dtype=np.int64))  # self-loops only
+    np.save(folder / "dst.npy", np.array([2, 3], dtype=np.int64))
+    np.save(folder / "x.npy", np.ones((10, 3), dtype=np.float32))
+    book = partition_folder(str(folder), 2, str(tmp_path / "parts"))
+    assert book.meta["partitioner_input"]["neighbours"] == 0
+    assert DistData.load(str(tmp_path / "parts"), 1).num_inner == int(book.partptr.diff()[1])
 
 
 def test_a_folder_of_edges_and_features_only(tmp_path):

@@ -61,7 +61,8 @@ def metis_csr_assignment(rowptr: np.ndarray, col: np.ndarray, num_parts: int,
     try:
         import pymetis
     except ImportError:  # a required dependency, but degrade gracefully
-        return _compiled_metis(torch.from_numpy(rowptr), torch.from_numpy(col), num_parts)
+        return _compiled_metis(torch.from_numpy(rowptr),
+                               torch.from_numpy(np.asarray(col, dtype=np.int64)), num_parts)
 
     objtype = pymetis.ObjType.VOL if objective == "vol" else pymetis.ObjType.CUT
     options = pymetis.Options(seed=int(seed), objtype=int(objtype))

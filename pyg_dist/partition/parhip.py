@@ -188,7 +188,7 @@ def _pair_hash(a: np.ndarray, b: np.ndarray, seed: int) -> np.ndarray:
     r"""53 well-mixed bits of the pair ``(a, b)`` and :obj:`seed` (a
     splitmix64 finaliser), uniform in ``[0, 2^53)``."""
     z = a.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + b.astype(np.uint64)
-    z += np.uint64(seed) * np.uint64(0xD1B54A32D192ED03)
+    z += np.uint64(seed * 0xD1B54A32D192ED03 % 2**64)  # any Python int seed
     z ^= z >> np.uint64(31)
     z *= np.uint64(0xBF58476D1CE4E5B9)
     z ^= z >> np.uint64(27)

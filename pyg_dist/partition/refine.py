@@ -7,7 +7,8 @@ most :math:`\lceil (1 + \epsilon) N / K \rceil` nodes, and a partitioner
 leaves them nearly full, so moves from part :math:`i` to :math:`j` are
 paired with moves from :math:`j` to :math:`i` (best gain first; the sizes
 stay as they are) and the rest fill the room left. A part's *load*, the
-degrees of its nodes (the edges its rank aggregates over), may not grow past
+degrees of its nodes in the symmetrised graph (a measure of the edges its
+rank aggregates over), may not grow past
 the largest load given or :math:`(1 + \epsilon)` times the mean: without
 that bound, refinement of R-MAT graphs cut far fewer edges by gathering the
 hubs' edges in one part (measured at 2^20 nodes: two thirds of all edges in
