@@ -1,10 +1,6 @@
 r"""pyg_dist: partition-parallel full-graph training for PyTorch Geometric."""
 
-from pyg_dist import deprecation  # noqa: E402
 from pyg_dist.version import __version__  # noqa: E402
-
-deprecation.install()  # old module paths keep working, with a warning
-
 from pyg_dist import nn  # noqa: E402
 from pyg_dist.data import DistData  # noqa: E402
 from pyg_dist.distributed import SpawnError, device, init, spawn  # noqa: E402

@@ -7,9 +7,9 @@ import os.path as osp
 import re
 import sys
 import tempfile
+import warnings
 from typing import List, Optional
 
-from pyg_dist.deprecation import renamed, warn_moved
 from pyg_dist.distributed import DEFAULT_TIMEOUT, SpawnError
 
 
@@ -155,7 +155,8 @@ def _component_args(args: argparse.Namespace, argv: List[str]) -> dict:
                     given.setdefault(name, {})[option.name] = value
                 for old in option.deprecated:
                     if any(a == old or a.startswith(old + "=") for a in argv):
-                        warn_moved(old, option.flags[0])
+                        warnings.warn(f"pyg_dist: {old} is deprecated; use {option.flags[0]}",
+                                      DeprecationWarning, stacklevel=2)
         chosen = getattr(args, kind) or (next(iter(given)) if len(given) == 1
                                          else next(iter(registry)))
         takes = {o.name for o in options_of(chosen)}
@@ -556,10 +557,6 @@ def main(argv: Optional[List[str]] = None) -> None:
     except (ValueError, RuntimeError, FileNotFoundError, NotImplementedError) as e:
         print(f"pyg-dist {args.command}: error: {e}", file=sys.stderr)
         sys.exit(1)
-
-
-# Moved to pyg_dist.launch (one release of warnings).
-__getattr__ = renamed(__name__, {"run_training": ("pyg_dist.launch", "run_training")})
 
 
 if __name__ == "__main__":

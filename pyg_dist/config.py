@@ -2,8 +2,8 @@ r"""``TrainConfig``: one training run's specification: the model and its
 optimiser, then a halo sampler, halo caches and a loader, each a registered
 name with its parameters and validated by its own registry."""
 import math
-from dataclasses import InitVar, asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Union
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, Optional, Union
 
 import torch
 from torch import Tensor
@@ -12,7 +12,6 @@ from torch_geometric.nn import GAT, GCN, GIN, GraphSAGE
 from pyg_dist.cache import CACHES, FeatureCache, check_cache
 from pyg_dist.comm.broadcast import check_exchange
 from pyg_dist.comm.compress import get_codec
-from pyg_dist.deprecation import warn_moved
 from pyg_dist.loader import LOADERS, check_loader
 from pyg_dist.nn.async_layers import check_overlap
 from pyg_dist.sampler import check_sampler
@@ -24,7 +23,8 @@ NODES_MODELS = ("gcn", "sage", "gin")
 # self-loops to an edge_index only (distributed layers take either).
 TAKES_ADJ_T = {"gcn": True, "sage": True, "gat": False, "gin": True}
 
-# Fields of older releases: (loader, its parameter) they now are, or None (unused).
+# Fields of the first runs' summary.json (still written, read back into
+# loader_args): (loader, its parameter) they are now, or None (unused).
 LEGACY_FIELDS = {
     "fanout": ("neighbor", "fanout"),
     "batch_size": ("neighbor", "batch_size"),
@@ -50,12 +50,9 @@ class TrainConfig:
     :obj:`precompute_layer0`, :obj:`exchange_dtype` and :obj:`overlap` are
     :func:`~pyg_dist.nn.distribute`'s options.
 
-    The fields of older releases ``fanout``, ``batch_size``,
-    ``sampler_workers``, ``adaptive_depth`` (now ``loader_args`` of
-    ``"neighbor"``: ``fanout``, ``batch_size``, ``workers``, ``adaptive``),
-    ``background_sampling`` (``loader_args`` of ``"full"``: ``background``)
-    and ``extra`` (unused) are still accepted, with a
-    :class:`DeprecationWarning`.
+    :meth:`to_dict` (``summary.json``'s ``config``) also writes the keys the
+    first runs had (:data:`LEGACY_FIELDS`: ``fanout`` ... now ``loader_args``),
+    and :meth:`from_dict` reads files that have only those.
     """
     model: str = "sage"
     num_layers: int = 3
@@ -99,22 +96,6 @@ class TrainConfig:
     resume: bool = False
     # Train into an out_dir that already holds a run, replacing it.
     overwrite: bool = False
-    fanout: InitVar[Optional[List[int]]] = None
-    batch_size: InitVar[Optional[int]] = None
-    sampler_workers: InitVar[Optional[int]] = None
-    adaptive_depth: InitVar[Optional[bool]] = None
-    background_sampling: InitVar[Optional[bool]] = None
-    extra: InitVar[Optional[Dict[str, Any]]] = None
-
-    def __post_init__(self, *legacy: Any) -> None:
-        for (old, target), value in zip(LEGACY_FIELDS.items(), legacy):
-            if value is None:
-                continue
-            new = (f"TrainConfig(loader_args={{'{target[1]}': ...}}) of loader "
-                   f"'{target[0]}'" if target else "nothing (it was unused)")
-            warn_moved(f"TrainConfig({old}=...)", new)
-            self.loader_args = _with_legacy(self.loader_args, self.loader, old, value)
-
     @classmethod
     def from_dict(cls, values: Dict[str, Any]) -> "TrainConfig":
         r"""The config of :obj:`values` (e.g. ``summary.json``'s), also as

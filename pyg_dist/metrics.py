@@ -10,7 +10,6 @@ import torch
 from torch import Tensor
 
 from pyg_dist.datasets.real import f1_counts
-from pyg_dist.deprecation import renamed
 from pyg_dist.distributed import gather_over_ranks, max_over_ranks, sum_over_ranks
 from pyg_dist.integrity import save_checked, save_json
 
@@ -208,7 +207,3 @@ class MetricsWriter:
         save_json({"config": summary["config"], "in_channels": in_channels,
                    "out_channels": out_channels, "files": {"model.pt": described}},
                   osp.join(self.out_dir, "model.json"))
-
-
-# Moved down to the communication layer (one release of warnings).
-__getattr__ = renamed(__name__, {"CommStats": ("pyg_dist.comm.stats", "CommStats")})

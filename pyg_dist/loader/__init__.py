@@ -12,7 +12,6 @@ neighbor  :class:`PartitionNeighborLoader` one per step: DistDGL / ByteGNN
 """
 from typing import Any, Dict, Tuple, Type
 
-from pyg_dist.deprecation import renamed
 from pyg_dist.loader.base import Loader, LoaderInputs
 from pyg_dist.loader.batch import TrainBatch
 from pyg_dist.loader.cohesive import (BatchGraph, CohesiveBatchLoader, CostModel, HopGraph,
@@ -68,11 +67,3 @@ __all__ = ["LOADERS", "Loader", "LoaderInputs", "TrainBatch", "build_loader", "c
            "queyranne_bisection", "random_batches", "recursive_bisection",
            "PartitionFeatureStore", "PartitionNeighborLoader", "PartitionNeighborSampler",
            "SamplerPool", "sample_neighbors", "split_seeds"]
-
-# Renamed: the old names clashed with torch_geometric.distributed's classes.
-__getattr__ = renamed(__name__, {
-    "DistNeighborLoader": ("pyg_dist.loader.neighbor", "PartitionNeighborLoader"),
-    "DistNeighborSampler": ("pyg_dist.loader.neighbor", "PartitionNeighborSampler"),
-    "DistFeatureStore": ("pyg_dist.loader.neighbor", "PartitionFeatureStore"),
-    "Batch": ("pyg_dist.loader.batch", "TrainBatch"),
-})

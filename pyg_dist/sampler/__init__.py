@@ -3,7 +3,6 @@ import inspect
 from typing import Any, Dict, List, Optional, Type
 
 from pyg_dist.data import DistData
-from pyg_dist.deprecation import renamed
 from pyg_dist.options import Option, refuse_unknown
 from pyg_dist.comm.stats import CommStats
 from pyg_dist.sampler.base import BoundarySampler
@@ -55,6 +54,3 @@ def build_sampler(name: str, data: DistData, seed: int = 0, group=None,
 __all__ = ["BoundarySampler", "FullSampler", "BNSSampler", "VarianceReductionSampler",
            "DropEdgeSampler", "BoundaryEdgeSampler", "SAMPLERS", "build_sampler", "check_sampler",
            "sampler_params", "sampler_options", "vr_probabilities", "sampling_variance"]
-
-# Moved to the loaders (one release of warnings).
-__getattr__ = renamed(__name__, {"PlanPrefetcher": ("pyg_dist.loader.full", "PlanPrefetcher")})
