@@ -3,7 +3,7 @@ r"""Graphs bigger than one process: out-of-core partitioning and training.
 For every ``--scales`` :math:`s`, writes an R-MAT graph of :math:`2^s` nodes
 (edge factor 16, 128 fp32 features) to disk with ``pyg-dist rmat``, then
 partitions it into ``--parts`` parts with ``pyg-dist partition --from`` and
-each of ``--methods`` (the README's commands, default settings). Every
+each of ``--methods`` (the commands of docs/data.md, default settings). Every
 command runs in its own process; its wall time and peak resident set
 (``wait4``'s ``ru_maxrss``) are recorded with the cut and the communication
 volume of the result. METIS runs up to ``--metis-max-scale`` (its work

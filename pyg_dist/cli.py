@@ -207,7 +207,7 @@ def _add_dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="default", choices=DATASETS,
                    help="'default': the embedded synthetic community graph; 'rmat', "
                         "'reddit-shaped': generated graphs in the papers' regime; the "
-                        "others are read from --data-dir (see README, Datasets)")
+                        "others are read from --data-dir (see docs/data.md)")
     p.add_argument("--data-dir", default=None, help="dataset directory (default "
                    "$PYG_DIST_DATA or ~/.cache/pyg_dist)")
     p.add_argument("--data-seed", type=int, default=0)

@@ -122,7 +122,7 @@ def refusal(module: torch.nn.Module) -> Optional[str]:
         if name in EXACT_CONVS or name in ROW_WISE_PYG:
             return None
         return (f"{name} is not among the PyG classes verified under pyg_dist (see the "
-                f"README's table of supported layers)")
+                f"table of supported layers in docs/layers.md)")
     if origin.startswith("torch.nn."):
         for base, why in REFUSED_TORCH.items():
             if isinstance(module, base):
@@ -147,7 +147,7 @@ def check_model(model: torch.nn.Module) -> None:
 
 
 def markdown_table() -> str:
-    r"""The README's table of supported layers, from the classification
+    r"""The table of supported layers in docs/layers.md, from the classification
     above."""
     def names(items) -> str:
         return ", ".join(f"`{n}`" for n in sorted(items))
