@@ -27,12 +27,14 @@ import threading
 from typing import Optional
 
 import torch
+import torch_geometric
 import torch_geometric.nn.conv as pyg_conv
 from torch import Tensor
 from torch_geometric.nn.conv.gcn_conv import gcn_norm as pyg_gcn_norm
 from torch_geometric.utils import is_torch_sparse_tensor
 
 from pyg_dist.nn.conv.gcn_conv import whole_graph_norm
+from pyg_dist.nn.support import GCN_NORM_CONVS
 
 _running = threading.local()  # the HaloContext of the layer running in this thread
 
@@ -82,17 +84,36 @@ def gcn_norm(edge_index, edge_weight: Optional[Tensor] = None, num_nodes: Option
 
 
 _installed = False
+# Where PyG defines gcn_norm (its GCNConv is DistGCNConv's base, which
+# normalises with the whole graph itself).
+_DEFINING_MODULE = "torch_geometric.nn.conv.gcn_conv"
 
 
 def install() -> None:
-    r"""Points every PyG conv module that imported ``gcn_norm`` at
-    :func:`gcn_norm` (once)."""
+    r"""Points every PyG conv module that imported ``gcn_norm`` (under any
+    name) at :func:`gcn_norm`, once; raises :class:`RuntimeError` if a layer
+    of :data:`~pyg_dist.nn.support.GCN_NORM_CONVS` lives in a module this
+    did not reach (a PyG release that reaches ``gcn_norm`` another way would
+    otherwise normalise with the partition's degrees, silently)."""
     global _installed
     if _installed:
         return
-    _installed = True
+    covered = set()
     for info in pkgutil.iter_modules(pyg_conv.__path__):
         module = importlib.import_module(f"{pyg_conv.__name__}.{info.name}")
-        if getattr(module, "gcn_norm", None) is pyg_gcn_norm and module.__name__ != \
-                "torch_geometric.nn.conv.gcn_conv":
-            module.gcn_norm = gcn_norm
+        if module.__name__ == _DEFINING_MODULE:
+            continue
+        for name, value in list(vars(module).items()):
+            if value is pyg_gcn_norm:
+                setattr(module, name, gcn_norm)
+        if any(value is gcn_norm for value in vars(module).values()):
+            covered.add(module.__name__)
+    missed = sorted(name for name in GCN_NORM_CONVS if hasattr(pyg_conv, name)
+                    and getattr(pyg_conv, name).__module__ not in covered)
+    if missed:
+        raise RuntimeError(
+            f"pyg_dist cannot give {', '.join(missed)} the whole graph's gcn_norm: their "
+            f"modules do not import torch_geometric's gcn_norm by name in this PyG "
+            f"release ({torch_geometric.__version__}); they would normalise with the "
+            f"partition's degrees")
+    _installed = True

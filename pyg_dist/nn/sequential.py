@@ -46,6 +46,7 @@ decomposes (see :data:`SEQUENTIAL_CONVS`).
 import inspect
 import math
 import sys
+import threading
 import weakref
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
@@ -190,21 +191,33 @@ class _Softmax:
         return exp
 
 
+_piece_softmax = threading.local()  # the _Softmax of the piece this thread runs
+_pyg_softmax = torch_geometric.utils.softmax
+
+
+def _softmax(*args: Any, **kwargs: Any) -> Tensor:
+    r"""PyG's ``softmax``, or the :class:`_Softmax` of the piece running in
+    this thread (:func:`_routed_softmax`): other threads, and this one
+    between pieces, get PyG's."""
+    return (getattr(_piece_softmax, "current", None) or _pyg_softmax)(*args, **kwargs)
+
+
 @contextmanager
-def _patched_softmax(module: torch.nn.Module, softmax: _Softmax) -> Iterator[None]:
-    r"""Routes the layer's calls of PyG's ``softmax`` to :obj:`softmax`
-    (the name its module imported, and ``torch_geometric.utils.softmax``)."""
-    original = torch_geometric.utils.softmax
-    spaces = [torch_geometric.utils] + [
-        sys.modules[c.__module__] for c in type(module).__mro__
-        if getattr(sys.modules.get(c.__module__), "softmax", None) is original]
-    for space in spaces:
-        space.softmax = softmax
+def _routed_softmax(module: torch.nn.Module, softmax: _Softmax) -> Iterator[None]:
+    r"""Routes :obj:`module`'s calls of PyG's ``softmax`` (the name its
+    module imported, and ``torch_geometric.utils.softmax``) to
+    :obj:`softmax`, in this thread only, while the block runs. The names
+    are bound to :func:`_softmax` once, which is PyG's outside such a block."""
+    for space in [torch_geometric.utils] + [sys.modules[c.__module__]
+                                            for c in type(module).__mro__]:
+        if getattr(space, "softmax", None) is _pyg_softmax:
+            space.softmax = _softmax
+    previous = getattr(_piece_softmax, "current", None)
+    _piece_softmax.current = softmax
     try:
         yield
     finally:
-        for space in spaces:
-            space.softmax = original
+        _piece_softmax.current = previous
 
 
 def _view_as(t: Tensor, like: Tensor) -> Tensor:
@@ -358,7 +371,7 @@ class _SequentialAggregation(torch.autograd.Function):
             rng.append(_rng_state(like) if spec.module.training else None)
             if spec.pieces[k].num_edges:
                 softmax = _Softmax()
-                with _patched_softmax(spec.module, softmax):
+                with _routed_softmax(spec.module, softmax):
                     fold.add(k, spec.run(spec.pieces[k], rows, others), softmax)
             del rows
         out = fold.result(like.new_zeros((spec.ctx.num_inner, ) + tuple(like.shape[1:])))
@@ -392,7 +405,7 @@ class _SequentialAggregation(torch.autograd.Function):
                     if fctx.rng[k] is not None:
                         _set_rng_state(fctx.rng[k])
                     softmax = _Softmax(fold.max if fold.attention else None)
-                    with torch.enable_grad(), _patched_softmax(spec.module, softmax), \
+                    with torch.enable_grad(), _routed_softmax(spec.module, softmax), \
                             torch.autocast(**fctx.autocast):  # as the forward ran
                         part = spec.run(piece, leaves, other_leaves)
                         outputs, grad_outputs = fold.grads(k, part, softmax, grad, out)

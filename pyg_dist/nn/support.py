@@ -19,16 +19,19 @@ import torch
 
 from pyg_dist.nn.norm import NORMS
 
+#: PyG convolutions that call PyG's ``gcn_norm`` in their forward: exact
+#: because it is the whole graph's there (:mod:`pyg_dist.nn.gcn_norm`, whose
+#: install checks that it reaches each of them).
+GCN_NORM_CONVS = {"SGConv", "SSGConv", "APPNP", "TAGConv", "GCN2Conv", "MixHopConv", "LGConv",
+                  "FAConv", "EGConv", "PDNConv"}
+
 #: PyG convolutions that are exact under distribute() (each propagate call
 #: fetches the halo rows of its source-side inputs).
-EXACT_CONVS = {
+EXACT_CONVS = GCN_NORM_CONVS | {
     "GCNConv", "GATv2Conv", "ChebConv", "SAGEConv", "GraphConv", "GatedGraphConv", "ResGatedGraphConv", "GATConv",
     "TransformerConv", "GINConv", "GINEConv", "NNConv", "CGConv", "EdgeConv", "FeaStConv",
     "LEConv", "GENConv", "FiLMConv", "GeneralConv", "AntiSymmetricConv", "SimpleConv",
     "PointTransformerConv",
-    # their gcn_norm is the whole graph's (pyg_dist.nn.gcn_norm)
-    "SGConv", "SSGConv", "APPNP", "TAGConv", "GCN2Conv", "MixHopConv", "LGConv", "FAConv",
-    "EGConv", "PDNConv",
     # read target rows (x_i): given (halo-extended, inner) pairs
     "AGNNConv", "PNAConv", "MFConv", "WLConvContinuous",
     # normalises by in-degrees of its targets (inner nodes: all their edges are local)
