@@ -8,14 +8,14 @@ leaves them nearly full, so moves from part :math:`i` to :math:`j` are
 paired with moves from :math:`j` to :math:`i` (best gain first; the sizes
 stay as they are) and the rest fill the room left. A part's *load*, the
 degrees of its nodes in the symmetrised graph (a measure of the edges its
-rank aggregates over), may not grow past
-the largest load given or :math:`(1 + \epsilon)` times the mean: without
-that bound, refinement of R-MAT graphs cut far fewer edges by gathering the
-hubs' edges in one part (measured at 2^20 nodes: two thirds of all edges in
-one of 8 parts). Nodes are read in chunks
-of neighbour lists from the ParHIP file; a chunk's nodes decide together
-from the parts of the chunks before them, so memory holds the assignment,
-:math:`K` part sizes and one chunk.
+rank aggregates over), may not grow past the largest load given or
+:math:`(1 + \epsilon)` times the mean: without that bound, refinement of
+R-MAT graphs cut far fewer edges by gathering the hubs' edges in one part
+(measured at 2^20 nodes: two thirds of all edges in one of 8 parts).
+
+Nodes are read in chunks of neighbour lists from the ParHIP file; a
+chunk's nodes decide together from the parts of the chunks before them, so
+memory holds the assignment, :math:`K` part sizes and loads, and one chunk.
 """
 from typing import Tuple
 
@@ -34,8 +34,8 @@ def refine(path: str, part: np.ndarray, num_parts: int, tolerance: float = 0.03,
     n = part.size
     size = np.bincount(part, minlength=num_parts)
     cap = max(int(np.ceil((1 + tolerance) * n / num_parts)), int(size.max()))
-    # Edges follow nodes: a part's load (the degrees of its nodes, which its
-    # rank aggregates over) may not grow past the largest given or balanced.
+    # A part's load (the symmetrised degrees of its nodes) may not grow past
+    # the largest given or the balanced one.
     degree = np.diff(read_offsets(path)[0])
     load = np.bincount(part, weights=degree, minlength=num_parts).astype(np.int64)
     load_cap = max(int(np.ceil((1 + tolerance) * degree.sum() / num_parts)), int(load.max()))
