@@ -42,11 +42,11 @@ GiB = 2**30
 PAPERS_NODES, PAPERS_EDGES = 111_059_956, 2 * 1_615_685_872
 
 
-def measured(cmd: List[str], log: str) -> Dict[str, Any]:
+def measured(cmd: List[str], log: str) -> Tuple[Dict[str, Any], List[Tuple[float, int, int]]]:
     r"""Runs :obj:`cmd` (output to :obj:`log`); its wall time, peak RSS
     (``wait4``) and peak anonymous RSS (``RssAnon``, sampled every 0.1 s:
     RSS without the pages of mapped files, which the kernel can drop and
-    re-read), or why it failed."""
+    re-read), or why it failed; and the samples (:func:`_sample`)."""
     start = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
@@ -58,11 +58,11 @@ def measured(cmd: List[str], log: str) -> Dict[str, Any]:
     result = {"seconds": time.perf_counter() - start,
               "peak_rss_gib": usage.ru_maxrss * 1024 / GiB,
               "peak_anon_gib": max((a for _, _, a in samples), default=0) * 1024 / GiB,
-              "command": " ".join(cmd), "samples": samples}
+              "command": " ".join(cmd)}
     if proc.returncode != 0:
         with open(log) as f:
             result["error"] = f.read()[-2000:]
-    return result
+    return result, samples
 
 
 def _sample(pid: int, samples: List[Tuple[float, int, int]]) -> None:
@@ -101,9 +101,8 @@ def graph(workdir: str, scale: int) -> Dict[str, Any]:
     folder = osp.join(workdir, f"rmat{scale}")
     if osp.exists(osp.join(folder, "graph.json")):
         return {"folder": folder, "generated": None}
-    step = measured(cli("rmat", "--scale", str(scale), "--out", folder),
-                    osp.join(workdir, f"rmat{scale}.log"))
-    del step["samples"]
+    step, _ = measured(cli("rmat", "--scale", str(scale), "--out", folder),
+                       osp.join(workdir, f"rmat{scale}.log"))
     if "error" in step:
         raise SystemExit(f"generating 2^{scale} failed:\n{step['error']}")
     return {"folder": folder, "generated": step}
@@ -111,10 +110,9 @@ def graph(workdir: str, scale: int) -> Dict[str, Any]:
 
 def partition(workdir: str, folder: str, scale: int, parts: int, method: str) -> Dict[str, Any]:
     root = osp.join(workdir, f"parts{scale}_{method}_{parts}")
-    step = measured(cli("partition", "--from", folder, "--num-parts", str(parts),
-                        "--root", root, "--method", method),
-                    osp.join(workdir, f"partition{scale}_{method}_{parts}.log"))
-    samples = step.pop("samples")
+    step, samples = measured(cli("partition", "--from", folder, "--num-parts", str(parts),
+                                 "--root", root, "--method", method),
+                             osp.join(workdir, f"partition{scale}_{method}_{parts}.log"))
     if "error" not in step:
         with open(osp.join(root, "meta.json")) as f:
             meta = json.load(f)
@@ -128,10 +126,9 @@ def partition(workdir: str, folder: str, scale: int, parts: int, method: str) ->
 
 def train(workdir: str, root: str, name: str, flags: List[str]) -> Dict[str, Any]:
     out = osp.join(workdir, f"train_{name}")
-    step = measured(cli("train", "--root", root, "--out", out, "--overwrite", "--no-plots",
-                        "--no-progress", "--timeout", "3600", *flags),
-                    osp.join(workdir, f"train_{name}.log"))
-    del step["samples"]
+    step, _ = measured(cli("train", "--root", root, "--out", out, "--overwrite", "--no-plots",
+                           "--no-progress", "--timeout", "3600", *flags),
+                       osp.join(workdir, f"train_{name}.log"))
     if "error" not in step:
         with open(osp.join(out, "metrics.jsonl")) as f:
             rows = [json.loads(line) for line in f]

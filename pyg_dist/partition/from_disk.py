@@ -64,12 +64,11 @@ CHUNK_EDGES = 1 << 23
 CHUNK_NODES = 1 << 20
 TMP_DIR = ".partition-tmp"
 # KaMinPar reads at most this many neighbours per node on average (a sample
-# beyond), which bounds its memory (~17-19 bytes per neighbour it reads on
-# R-MAT, measured). After refinement, against KaMinPar on every edge (two
-# seeds each): R-MAT 2^22 (degree 30) 64.2% of the edges cut vs 66-68%, a
-# community graph (degree 20) 3.4-3.5% vs 3.1-3.7%, Reddit-shaped (degree
-# 100) 31.8-32.2% vs 31.1-31.2% (12: 31.3-31.5%, but KaMinPar's peak on
-# R-MAT 2^24 was 3.3 GiB instead of 2.5).
+# beyond), which bounds its memory (alone at R-MAT 2^24: 3.3 GiB reading
+# 201M neighbours, 2.5 GiB reading 134M; measured). After refinement, the cut
+# against KaMinPar on every edge: R-MAT 2^22 (degree 30) 64.2% of the edges
+# vs 67.1-67.7%; two seeds each, a community graph (degree 20) 3.4-3.5% vs
+# 3.1-3.7% and Reddit-shaped (degree 100) 31.8-32.2% vs 31.1-31.2%.
 PARTITIONER_DEGREE = 8.0
 
 
@@ -189,8 +188,8 @@ def partition_folder(
     if not isinstance(num_parts, int) or not 1 <= num_parts <= graph.num_nodes:
         raise ValueError(f"num_parts must be an integer in [1, {graph.num_nodes}] (the "
                          f"nodes of '{folder}'), got {num_parts!r}")
-    partitions = method != "random" and num_parts > 1
-    names = ["check edges", *(["partitioner input", method] if partitions else []),
+    runs_partitioner = method != "random" and num_parts > 1
+    names = ["check edges", *(["partitioner input", method] if runs_partitioner else []),
              "edges to parts", "part files", "features"]
     steps = _Steps(names, f"partition {folder} ({method})", progress)
 
@@ -208,7 +207,7 @@ def partition_folder(
         degrees = osp.join(work, "degrees.npy")
         np.save(degrees, np.stack((deg_out, deg_in)))
         del deg_out, deg_in
-        if not partitions:
+        if not runs_partitioner:
             assignment = random_assignment(graph.num_nodes, num_parts, seed)
             partitioner_input = None
         else:
@@ -219,7 +218,7 @@ def partition_folder(
                                           bucket_entries)
             with steps(method):
                 assignment, partitioner_input = _partition(
-                    path, entries, num_parts, method, objective,
+                    path, graph.num_nodes, entries, num_parts, method, objective,
                     [graph.masks[k] for k in balance], seed, partitioner_degree)
         deg_out, deg_in = np.load(degrees)
         with steps("edges to parts"):
@@ -259,13 +258,13 @@ def partition_folder(
     return book
 
 
-def _partition(path: str, entries: int, num_parts: int, method: str, objective: str,
-               masks: List[NpyReader], seed: int, partitioner_degree: Optional[float]
-               ) -> Tuple[torch.Tensor, Dict[str, Any]]:
+def _partition(path: str, num_nodes: int, entries: int, num_parts: int, method: str,
+               objective: str, masks: List[NpyReader], seed: int,
+               partitioner_degree: Optional[float]) -> Tuple[torch.Tensor, Dict[str, Any]]:
     r"""The assignment of the symmetrised graph in the ParHIP file
-    :obj:`path` (:obj:`entries` neighbour ids), with :obj:`masks` balanced
-    (read once the partitioner is done), and what the partitioner read."""
-    num_nodes = int(np.fromfile(path, dtype="<u8", count=2)[1])
+    :obj:`path` (:obj:`num_nodes` nodes, :obj:`entries` neighbour ids), with
+    :obj:`masks` balanced (read once the partitioner is done), and what the
+    partitioner read."""
     read = {"neighbours": entries, "keep_probability": 1.0, "refined": False}
     if method == "kaminpar":
         keep = (1.0 if partitioner_degree is None or entries == 0

@@ -164,9 +164,9 @@ def write_sampled(path: str, out_path: str, keep: float, seed: int = 0,
     with every undirected edge kept with probability :obj:`keep`, both of
     its directions or neither (a hash of the node pair and :obj:`seed`
     decides); returns the kept neighbour entries."""
-    rowptr, _, id_type = read_offsets(path)
+    rowptr = read_offsets(path)[0]
     num_nodes = rowptr.size - 1
-    version = next(v for v, t in VERSIONS.items() if t == id_type)
+    version, id_type = id_format(num_nodes)
     degree = np.zeros(num_nodes, dtype=np.int64)
     threshold = np.uint64(min(keep, 1.0) * 2.0**53)
     entries = 0

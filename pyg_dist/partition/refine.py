@@ -54,7 +54,7 @@ def refine(path: str, part: np.ndarray, num_parts: int, tolerance: float = 0.03,
             home_count = np.zeros(b - a, dtype=np.int64)
             home_count[row[home]] = count[home]
             # Most neighbours wins, home wins a tie; the gain is the cut saved.
-            first = np.flatnonzero(np.concatenate(([True], row[1:] != row[:-1])))
+            first = _starts(row)
             winner = first + _first_max(2 * count + home, first)
             winner = winner[~home[winner]]
             node, target = a + row[winner], target[winner]
@@ -104,7 +104,7 @@ def _within(target: np.ndarray, gain: np.ndarray, weight: np.ndarray,
     order = np.lexsort((-gain, target))
     target, weight = target[order], weight[order]
     total = np.cumsum(weight)
-    first = np.flatnonzero(np.concatenate(([True], target[1:] != target[:-1])))
+    first = _starts(target)
     before = np.repeat(total[first] - weight[first], np.diff(first, append=target.size))
     keep = np.zeros(order.size, dtype=bool)
     keep[order] = total - before <= room[target]
@@ -116,14 +116,19 @@ def _rank_in_group(group: np.ndarray) -> np.ndarray:
     (sorted) array :obj:`group`."""
     if group.size == 0:
         return group
-    first = np.flatnonzero(np.concatenate(([True], group[1:] != group[:-1])))
+    first = _starts(group)
     return np.arange(group.size) - np.repeat(first, np.diff(first, append=group.size))
 
 
 def _runs(key: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     r"""The distinct values of the sorted :obj:`key` and their multiplicities."""
-    first = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+    first = _starts(key)
     return key[first], np.diff(first, append=key.size)
+
+
+def _starts(grouped: np.ndarray) -> np.ndarray:
+    r"""Where each run of equal values of the non-empty :obj:`grouped` starts."""
+    return np.flatnonzero(np.concatenate(([True], grouped[1:] != grouped[:-1])))
 
 
 def _first_max(score: np.ndarray, first: np.ndarray) -> np.ndarray:
