@@ -69,7 +69,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import torch
 from torch_geometric.data import Data
 
-from pyg_dist.config import TAKES_ADJ_T
+from pyg_dist.config import model_layer
 from pyg_dist.metrics import (accuracies, correct_counts, peak_memory_bytes,
                               reset_peak_memory)
 from pyg_dist.train import TrainConfig, build_model, node_loss, num_classes_of
@@ -104,7 +104,7 @@ def forms_for(model: str) -> List[str]:
     r"""The adjacency forms :obj:`model` takes here (``SparseTensor`` only
     where torch-sparse is installed)."""
     import torch_geometric.typing as pyg_typing
-    if not TAKES_ADJ_T[model]:
+    if not model_layer(model).takes_adj_t:
         return ["edge_index"]
     return [f for f in FORMS if f != "sparse_tensor" or pyg_typing.WITH_TORCH_SPARSE]
 
@@ -204,7 +204,7 @@ def evaluate(model, data: Data, adj) -> Dict[str, Optional[float]]:
 
 def eval_adjacency(data: Data, model: str):
     return (with_adjacency(Data(edge_index=data.edge_index, num_nodes=data.num_nodes),
-                           "csr").adj_t if TAKES_ADJ_T[model] else data.edge_index)
+                           "csr").adj_t if model_layer(model).takes_adj_t else data.edge_index)
 
 
 class Setup:
@@ -561,9 +561,9 @@ def drive(args: argparse.Namespace) -> None:
             if args.pyg_tune:
                 result["config"], result["probes"] = tuned(python, kind, args)
                 tried = {p["config"]["adj"] for p in result["probes"]}
-                result["not_probed"] = {f: "model takes edge_index only" if not
-                                        TAKES_ADJ_T[args.model] else f"no torch-sparse in {python}"
-                                        for f in args.forms if f not in tried}
+                why = ("model takes edge_index only" if not model_layer(args.model).takes_adj_t
+                       else f"no torch-sparse in {python}")
+                result["not_probed"] = {f: why for f in args.forms if f not in tried}
                 result["not_probed"].update(skipped(python, kind, args))
                 for form, why in result["not_probed"].items():
                     print(f"  {NAMES[kind]}: adj={form} not probed: {why}", flush=True)

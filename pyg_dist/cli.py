@@ -14,7 +14,7 @@ from pyg_dist.distributed import DEFAULT_TIMEOUT, SpawnError
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
-    from pyg_dist.comm.broadcast import EXCHANGES
+    from pyg_dist.comm import EXCHANGES
     from pyg_dist.comm.compress import CODECS
     from pyg_dist.config import MODELS, TrainConfig
     d = TrainConfig()

@@ -3,25 +3,31 @@ optimiser, then a halo sampler, halo caches and a loader, each a registered
 name with its parameters and validated by its own registry."""
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 from torch_geometric.nn import GAT, GCN, GIN, GraphSAGE
 
 from pyg_dist.cache import CACHES, FeatureCache, check_cache
-from pyg_dist.comm.broadcast import check_exchange
+from pyg_dist.comm import DEFAULT_EXCHANGE, exchange_class
 from pyg_dist.comm.compress import get_codec
 from pyg_dist.loader import LOADERS, check_loader
 from pyg_dist.nn.async_layers import check_overlap
-from pyg_dist.sampler import check_sampler
+from pyg_dist.nn.spec import LayerSpec, spec_of
+from pyg_dist.sampler import SAMPLERS, check_sampler
 
 MODELS = {"gcn": GCN, "sage": GraphSAGE, "gat": GAT, "gin": GIN}
-# Models overlap="nodes" schedules across layers (pyg_dist.nn.async_layers).
-NODES_MODELS = ("gcn", "sage", "gin")
-# Whether the plain model takes a torch.sparse adj_t: PyG's GATConv adds its
-# self-loops to an edge_index only (distributed layers take either).
-TAKES_ADJ_T = {"gcn": True, "sage": True, "gat": False, "gin": True}
+
+
+def model_layer(model: str) -> LayerSpec:
+    r"""The spec of the layer PyG's :data:`MODELS` ``[model]`` is built of."""
+    return spec_of(MODELS[model](1, 1, 1).convs[0])
+
+
+def nodes_models() -> Tuple[str, ...]:
+    r"""The models ``overlap="nodes"`` schedules across layers."""
+    return tuple(m for m in MODELS if model_layer(m).node_schedule)
 
 # Fields of the first runs' summary.json (still written, read back into
 # loader_args): (loader, its parameter) they are now, or None (unused).
@@ -76,9 +82,8 @@ class TrainConfig:
     # True / "layers": interior targets aggregate while the halo rows travel;
     # "nodes": every row as soon as its inputs arrived, across layers
     overlap: Union[bool, str] = False
-    # How halo rows travel: "halo" (point to point) or "broadcast" (CAGNET 1-D
-    # whole blocks, pyg_dist.comm.broadcast).
-    exchange: str = "halo"
+    # How halo rows travel: a key of pyg_dist.comm.EXCHANGES.
+    exchange: str = DEFAULT_EXCHANGE
     # SANCUS §4.3.2: each rank clips its local gradient to norm sqrt(P) * clip_grad
     # before the all-reduce (None: no clipping).
     clip_grad: Optional[float] = None
@@ -159,8 +164,8 @@ class TrainConfig:
         self._check_exchange()
 
     def _check_nodes(self) -> None:
-        if self.model not in NODES_MODELS:
-            raise ValueError(f"overlap='nodes' runs models {', '.join(NODES_MODELS)} (model "
+        if not model_layer(self.model).node_schedule:
+            raise ValueError(f"overlap='nodes' runs models {', '.join(nodes_models())} (model "
                              f"'{self.model}' aggregates per edge: use overlap=True)")
         if CACHES.get(self.cache) is not None and CACHES[self.cache].stale:
             raise ValueError(f"overlap='nodes' needs the exact cache (cache '{self.cache}' "
@@ -171,29 +176,18 @@ class TrainConfig:
 
 
     def _check_exchange(self) -> None:
-        r"""The broadcast exchange moves every rank's whole block on the
-        exact full-graph plan; the sequential one fetches one peer's rows
-        at a time on full-graph plans under the exact cache: each refused
-        with what it cannot run with."""
-        check_exchange(self.exchange)
-        if self.exchange == "halo":
-            return
-        sequential = self.exchange == "sequential"
-        refused = [f"{name}={value!r}" for name, value, ok in (
-            ("loader", self.loader, self.loader == "full"),
-            ("sampler", self.sampler, self.sampler in (("full", "bns", "dropedge", "bes")
-                                                       if sequential else ("full", ))),
-            ("cache", self.cache, self.exchange in CACHES[self.cache].exchanges),
-            ("feature_cache", self.feature_cache, self.feature_cache is None),
-            ("overlap", self.overlap, not self.overlap or (sequential
-                                                           and self.overlap != "nodes")),
-        ) if not ok]
-        what = ("aggregates one peer's rows at a time on full-graph plans under the exact "
-                "cache (SAR)" if sequential else "moves every rank's whole block on the exact "
-                "full-graph plan (CAGNET's 1-D algorithm)")
+        r"""Refuses, naming them, the settings the exchange does not
+        compose with (it says which: :meth:`~pyg_dist.comm.exchange.Exchange.refusals`)."""
+        exchange = exchange_class(self.exchange)
+        sampler = SAMPLERS[self.sampler]
+        refused = exchange.refusals(
+            minibatch=not LOADERS[self.loader].full_graph, sampled=sampler.samples,
+            observes=sampler.observes, cache=CACHES[self.cache],
+            feature_cache=self.feature_cache is not None, overlap=self.overlap)
         if refused:
-            raise ValueError(f"exchange='{self.exchange}' {what}: it does not combine with "
-                             f"{', '.join(refused)} (use exchange='halo')")
+            values = ", ".join(f"{name}={getattr(self, name)!r}" for name in refused)
+            raise ValueError(f"exchange='{self.exchange}' {exchange.summary}: it does not "
+                             f"combine with {values} (use exchange='{DEFAULT_EXCHANGE}')")
 
 
 # Fields added since the first runs were written, with the value those runs had.

@@ -22,7 +22,7 @@ from torch_geometric.utils import to_torch_csr_tensor
 from pyg_dist.cache import FeatureCache, build_cache
 from pyg_dist.checkpoint import Checkpointer, check_same_model, rng_state, set_rng_state
 from pyg_dist.comm.stats import CommStats
-from pyg_dist.config import (MODELS, TAKES_ADJ_T, TrainConfig, build_model,  # noqa: F401
+from pyg_dist.config import (MODELS, TrainConfig, build_model, model_layer,  # noqa: F401
                              num_classes_of, upgrade)
 from pyg_dist.data import DistData
 from pyg_dist.distributed import device as default_device
@@ -158,7 +158,7 @@ class _Run:
         self.loader, self.ctx, self.stats = loader, ctx, stats
         self.optimizer, self.params, self.config = optimizer, params, config
         self.world, self.device, self.num_halo = world, device, num_halo
-        self.takes_adj_t = TAKES_ADJ_T[config.model]
+        self.takes_adj_t = model_layer(config.model).takes_adj_t
         self.baseline: Dict[str, Any] = {}  # memory before the first step
 
     def closers(self):

@@ -8,7 +8,8 @@ import torch.distributed as dist
 
 import pyg_dist
 from pyg_dist.cache import FeatureCache, HaloCache, HistoricalCache, PipelineCache
-from pyg_dist.comm import all_to_all, halo_exchange
+from pyg_dist.comm import all_to_all
+from pyg_dist.comm.halo import halo_exchange
 from pyg_dist.nn import HaloContext
 from pyg_dist.sampler import build_sampler
 from tests.dist_workers import summed_grads

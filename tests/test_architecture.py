@@ -147,3 +147,52 @@ def test_documented_loader_is_one_file_and_one_registry_line(graph, tmp_path, mo
         main(["train", "--root", root, "--loader", "split", "--steps", "2",
               "--sampler", "bns"])
     assert "loader 'split' runs on exact plans" in capsys.readouterr().err
+
+
+def _doc_exchange():
+    r"""The worked exchange example of docs/architecture.md, executed."""
+    text = open(osp.join(osp.dirname(ROOT), "docs", "architecture.md")).read()
+    blocks = text.split("```python\n")[1:]
+    (source, ) = [b.split("```")[0] for b in blocks if "class CollectiveExchange" in b]
+    namespace: dict = {}
+    exec(source, namespace)
+    return namespace["CollectiveExchange"]
+
+
+def train_with_doc_exchange(root: str, exchange: str):
+    import torch.distributed as dist
+
+    from pyg_dist.comm import EXCHANGES
+    from pyg_dist.config import TrainConfig
+    from pyg_dist.train import train
+    EXCHANGES["a2a"] = _doc_exchange()  # the one registry line
+    config = TrainConfig(hidden=8, epochs=2, progress=False, exchange=exchange)
+    summary = train(root, config, None)
+    return summary["final_loss"], summary["bytes_sent_per_epoch"], dist.get_rank()
+
+
+def test_documented_exchange_is_one_file_and_one_registry_line(graph, tmp_path, monkeypatch,
+                                                                capsys):
+    from pyg_dist.cli import main
+    from pyg_dist.comm import EXCHANGES
+    root = str(tmp_path / "parts")
+    pyg_dist.partition_graph(graph, 2, root=root)
+    halo = pyg_dist.spawn(train_with_doc_exchange, 2, (root, "halo"))
+    a2a = pyg_dist.spawn(train_with_doc_exchange, 2, (root, "a2a"))
+    assert a2a[0][0] == halo[0][0]  # the same rows arrive: the same run, bit for bit
+    assert a2a[0][1] == halo[0][1] > 0  # and it counts the same bytes
+    monkeypatch.setitem(EXCHANGES, "a2a", _doc_exchange())
+    with pytest.raises(SystemExit):  # its flag value exists; the combination is refused
+        main(["train", "--root", root, "--exchange", "a2a", "--sampler", "bns"])
+    err = capsys.readouterr().err
+    assert "exchange='a2a' moves halo rows with all_to_all_single" in err
+    assert "sampler='bns'" in err
+
+
+def test_no_layer_module_imports_an_exchange_implementation():
+    r"""nn/ reaches the exchanges through the context's Exchange only."""
+    implementations = {"pyg_dist.comm.halo", "pyg_dist.comm.broadcast",
+                       "pyg_dist.comm.sequential", "pyg_dist.comm.ring"}
+    found = [f"{m} -> {t}" for m, targets in _graph().items() if m.startswith("pyg_dist.nn")
+             for t in targets if t in implementations]
+    assert not found, found

@@ -15,8 +15,9 @@ import torch_geometric.utils
 from torch_geometric.nn import GATConv
 from torch_geometric.nn.conv.gcn_conv import gcn_norm as pyg_gcn_norm
 
-from pyg_dist.nn import gcn_norm, sequential
-from pyg_dist.nn.support import GCN_NORM_CONVS
+from pyg_dist.comm import sequential
+from pyg_dist.nn import gcn_norm
+from pyg_dist.nn.spec import layer_names
 
 
 def _conv_modules():
@@ -33,7 +34,7 @@ def test_every_pyg_conv_reaches_gcn_norm_through_the_patch():
         # A call through another module's attribute, or an alias, would bypass it.
         source = inspect.getsource(module)
         assert not re.findall(r"[\w\])]\.gcn_norm\b|gcn_norm as \w+", source), module
-    for name in GCN_NORM_CONVS:
+    for name in layer_names(role="gcn_norm"):
         module = importlib.import_module(getattr(pyg_conv, name).__module__)
         assert module.gcn_norm is gcn_norm.gcn_norm, name
 

@@ -54,7 +54,7 @@ def world_results(request, graph, tmp_path_factory):
 
 def test_every_accepted_layer_matches_pyg(world_results, reference):
     r"""Outputs and summed gradients of both SGD steps, for every layer of
-    :data:`~pyg_dist.nn.sequential.SEQUENTIAL_CONVS` (SAGE with mean, max
+    :data:`~pyg_dist.nn.spec.LAYERS` marked ``sequential`` (SAGE with mean, max
     and sum, GraphConv with min, GAT with and without edge features)."""
     roots, ranks = world_results
     for root in roots:
@@ -70,9 +70,9 @@ def test_every_accepted_layer_matches_pyg(world_results, reference):
 
 
 def test_the_accepted_classes_are_the_tested_ones():
-    from pyg_dist.nn.sequential import MESSAGE_PARAMS, SEQUENTIAL_CONVS
+    from pyg_dist.nn.spec import layer_names
     tested = {name.split("(")[0] for name in workers.LAYERS}
-    assert tested == SEQUENTIAL_CONVS == set(MESSAGE_PARAMS)
+    assert tested == layer_names(sequential=True)
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,7 @@ from typing import Any, Dict, Sequence, Tuple
 
 from torch import Tensor
 
-from pyg_dist.comm import HaloPlan, halo_exchange
-from pyg_dist.comm.broadcast import block_exchange
+from pyg_dist.comm import HaloPlan
 from pyg_dist.options import Option
 
 
@@ -35,9 +34,10 @@ class HaloCache:
     lookahead: int = 0
     #: Its hyper-parameters, as the command line offers them.
     options: Tuple[Option, ...] = ()
-    #: The exchanges it serves (:attr:`HaloContext.exchange
-    #: <pyg_dist.nn.HaloContext>`).
-    exchanges: Tuple[str, ...] = ("halo", )
+    #: Serves an exchange that moves whole blocks
+    #: (:attr:`~pyg_dist.comm.exchange.Exchange.whole_blocks`); which
+    #: exchanges serve stale caches, each exchange says.
+    whole_blocks: bool = False
 
     def __init__(self) -> None:
         self.iteration = 0
@@ -56,12 +56,9 @@ class HaloCache:
         raise NotImplementedError
 
     def exact_fetch(self, key: str, x: Tensor, plan: HaloPlan) -> Tensor:
-        r"""The rows of :obj:`plan` now, by the context's exchange (halo
-        rows point to point, or whole-block broadcasts)."""
+        r"""The rows of :obj:`plan` now, by the context's exchange."""
         ctx = self.ctx
-        if getattr(ctx, "exchange", "halo") == "broadcast":
-            return block_exchange(x, plan, ctx.data, ctx.group, ctx.stats, key, ctx.codec)
-        return halo_exchange(x, plan, ctx.group, ctx.stats, key, ctx.codec)
+        return ctx.exchange.fetch(ctx, key, x, plan, ctx.codec)
 
     def step(self) -> None:
         r"""Ends a training iteration."""
@@ -87,7 +84,7 @@ class HaloCache:
 class ExactCache(HaloCache):
     r"""Exchanges the rows of the current iteration, synchronously (the
     exact partition-parallel computation)."""
-    exchanges = ("halo", "broadcast", "sequential")
+    whole_blocks = True
 
     def fetch(self, key: str, x: Tensor, plan: HaloPlan,
               upcoming: Sequence[HaloPlan] = ()) -> Tensor:

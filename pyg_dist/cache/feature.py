@@ -7,7 +7,7 @@ from torch import Tensor
 
 from pyg_dist.comm import HaloPlan
 from pyg_dist.comm.bitmask import tell_owners
-from pyg_dist.comm.exchange import exchange_rows
+from pyg_dist.comm.halo import exchange_rows
 
 POLICIES = ("inclusion", "degree", "random")
 _UNITS = {"KB": 2 ** 10, "MB": 2 ** 20, "GB": 2 ** 30}

@@ -13,8 +13,8 @@ from pyg_dist.cache.base import HaloCache
 from pyg_dist.comm import HaloPlan
 from pyg_dist.comm.broadcast import (block_sizes, broadcast_blocks, halo_of_blocks,
                                      halo_ranges, reduce_blocks, require_full_plan)
-from pyg_dist.comm.exchange import exchange_rows, return_grads
-from pyg_dist.comm.p2p import wire_row_bytes
+from pyg_dist.comm.halo import exchange_rows, return_grads
+from pyg_dist.comm.transfer import wire_row_bytes
 from pyg_dist.options import Option
 
 BOUNDS = ("fixed", "adaptive", "age", "gap", "gap-abs")
@@ -124,7 +124,7 @@ class HistoricalCache(HaloCache):
     :obj:`record`, every exchange's counts per layer (``history[key].log``).
     """
     stale = True
-    exchanges = ("halo", "broadcast")
+    whole_blocks = True
     options = (Option("bound", "adaptive:1",
                       "fixed:E | adaptive:A | age:A | gap:H (relative) | gap-abs:H",
                       type=_checked_bound), )
@@ -148,7 +148,7 @@ class HistoricalCache(HaloCache):
         state = self.history.get(key)
         if state is None or state.rows.shape[1:] != x.shape[1:]:
             state = self.history[key] = self._new_state(x)
-        if ctx.exchange == "broadcast":
+        if ctx.exchange.whole_blocks:
             require_full_plan(plan, ctx.data)
             recv = plan.recv_rows()
             self._broadcast(key, state, x, self._active_owners(key, state, x))
@@ -165,7 +165,7 @@ class HistoricalCache(HaloCache):
     def _new_state(self, x: Tensor) -> _History:
         ctx = self.ctx
         data, device = ctx.data, x.device
-        broadcast = ctx.exchange == "broadcast"
+        broadcast = ctx.exchange.whole_blocks
         num_send = 0 if broadcast else data.send_index.numel()
         num_sent_rows = data.num_inner if broadcast else num_send
         return _History(
@@ -303,7 +303,7 @@ class HistoricalCache(HaloCache):
 
     def backward(self, key: str, plan: HaloPlan, grad_halo: Tensor) -> Tensor:
         ctx = self.ctx
-        if ctx.exchange == "broadcast":
+        if ctx.exchange.whole_blocks:
             return reduce_blocks(grad_halo, ctx.data, ctx.group, ctx.stats, key, ctx.codec)
         return return_grads(grad_halo, plan, plan.num_inner, ctx.group, ctx.stats, key,
                             ctx.codec)

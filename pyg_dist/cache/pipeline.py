@@ -8,10 +8,11 @@ from torch import Tensor
 
 from pyg_dist.cache.base import HaloCache
 from pyg_dist.comm import HaloPlan
-from pyg_dist.comm.exchange import Pending, start_exchange
+from pyg_dist.comm.halo import start_grads
+from pyg_dist.comm.transfer import Transfer, start_all_to_all
 from pyg_dist.options import Option
 
-Rows = Union[Tensor, Pending]  # received rows, or rows still in flight
+Rows = Union[Tensor, Transfer]  # received rows, or rows still in flight
 # ...and the plan they were exchanged for (None: restored from a checkpoint)
 InFlight = Tuple[Rows, Optional[HaloPlan]]
 
@@ -167,8 +168,7 @@ class PipelineCache(HaloCache):
                                  for p in ahead[:-1])
                 pipe.rows.append((self._start(key, x, ahead[-1]), ahead[-1]))
             else:  # exchange synchronously: the first iteration is exact
-                with ctx.stats.timer("comm"):
-                    rows = self._start(key, x, plan).wait()
+                rows = self._start(key, x, plan).wait()
                 pipe.rows.extend((rows if p is plan else self._start(key, x, p), p)
                                  for p in ahead)
             zero = self.start == "zero"
@@ -194,28 +194,20 @@ class PipelineCache(HaloCache):
             rows = pipe.features(rows, plan.recv_rows())
         return _StaleHalo.apply(inputs, rows, self, key, plan)
 
-    def _start(self, key: str, x: Tensor, plan: HaloPlan) -> Pending:
+    def _start(self, key: str, x: Tensor, plan: HaloPlan) -> Transfer:
         ctx = self.ctx
-        pending = start_exchange(x.index_select(0, plan.send_index), plan.send_counts,
-                                 plan.recv_counts, ctx.group, ctx.codec)
-        ctx.stats.add_bytes(key, plan.num_send * pending.row_bytes,
-                            plan.num_recv * pending.row_bytes)
-        return pending
+        return start_all_to_all(x.index_select(0, plan.send_index), plan.send_counts,
+                                plan.recv_counts, ctx.group, ctx.codec, ctx.stats, key)
 
-    def _wait(self, rows: Rows) -> Tensor:
-        if isinstance(rows, Tensor):
-            return rows
-        with self.ctx.stats.timer("comm"):
-            return rows.wait()
+    @staticmethod
+    def _wait(rows: Rows) -> Tensor:
+        return rows if isinstance(rows, Tensor) else rows.wait()
 
     def backward(self, key: str, plan: HaloPlan, grad_halo: Tensor) -> Tensor:
         r"""The gradient of this rank's inner rows from its peers' halo
         gradients of iteration :math:`t - \tau`; sends the current ones."""
         ctx, pipe = self.ctx, self.pipes[key]
-        pending = start_exchange(grad_halo, plan.recv_counts, plan.send_counts, ctx.group,
-                                 ctx.codec)
-        ctx.stats.add_bytes(key + ".grad", plan.num_recv * pending.row_bytes,
-                            plan.num_send * pending.row_bytes)
+        pending = start_grads(grad_halo, plan, ctx.group, ctx.stats, key, ctx.codec)
         if not pipe.backward_started:  # first iteration: synchronous, then τ-stale
             pipe.backward_started = True
             sent = _Sent.of(plan, pipe.gradients is not None)
@@ -274,7 +266,7 @@ class PipelineCache(HaloCache):
         try:
             for pipe in self.pipes.values():
                 for rows, _ in list(pipe.rows) + list(pipe.grads):
-                    if isinstance(rows, Pending):
+                    if isinstance(rows, Transfer):
                         try:
                             rows.wait()
                         except Exception as e:  # wait for the others all the same

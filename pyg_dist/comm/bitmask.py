@@ -17,7 +17,7 @@ def tell_owners(data, halo_keep: Tensor, group=None, stats: Optional[CommStats] 
     flags of its own send rows (``data.send_index`` order) that its peers
     chose. One ``all_to_all`` of bitmasks, counted under :obj:`key`: never
     larger than a list of ids once more than 1/32 of the rows are kept."""
-    from pyg_dist.comm.exchange import all_to_all
+    from pyg_dist.comm.transfer import all_to_all
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return halo_keep.new_zeros(0)
     recv_counts = data.recv_counts.tolist()  # my halo rows per owner

@@ -12,7 +12,7 @@ block, :math:`\nabla_i H_j` (zero where :math:`i` has no halo row of
 Per layer, rank :math:`i` sends :math:`(P - 1)\, n_i` rows forward and
 :math:`\sum_{j \ne i} n_j` rows backward, whatever its halo is: that is
 what the 1-D algorithm moves (the halo exchange of
-:mod:`~pyg_dist.comm.exchange` moves only the halo rows).
+:mod:`~pyg_dist.comm.halo` moves only the halo rows).
 
 The blocks travel point to point, every receive posted before any send, all
 peers at once (a direct one-to-all broadcast per rank): on gloo over
@@ -28,16 +28,10 @@ import torch.distributed as dist
 from torch import Tensor
 
 from pyg_dist.comm.compress import RowCodec
-from pyg_dist.comm.p2p import decode, encode, p2p, wire_row
+from pyg_dist.comm.exchange import Exchange
 from pyg_dist.comm.plan import HaloPlan
 from pyg_dist.comm.stats import CommStats
-
-EXCHANGES = ("halo", "broadcast", "sequential")
-
-
-def check_exchange(name: str) -> None:
-    if name not in EXCHANGES:
-        raise ValueError(f"Unknown exchange '{name}' (choose from {', '.join(EXCHANGES)})")
+from pyg_dist.comm.transfer import decode, encode, p2p, wire_row
 
 
 def block_sizes(data) -> List[int]:
@@ -158,9 +152,26 @@ def block_exchange(x: Tensor, plan: HaloPlan, data, group=None,
                    codec: Optional[RowCodec] = None) -> Tensor:
     r"""The halo rows of :obj:`x` (the inner rows of partition
     :obj:`data`) on its exact plan, by the whole-block exchange,
-    differentiably (the counterpart of :func:`~pyg_dist.comm.halo_exchange`:
+    differentiably (the counterpart of :func:`~pyg_dist.comm.halo.halo_exchange`:
     the same rows, other bytes)."""
     require_full_plan(plan, data)
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return x.new_empty((0, ) + tuple(x.shape[1:]))
     return BlockBroadcast.apply(x, data, group, stats, key, codec)
+
+
+class Broadcast(Exchange):
+    r"""CAGNET's 1-D algorithm: every rank's whole block of inner rows
+    reaches every other rank, and the gradients return to the owners as
+    whole blocks (see the module). On the exact full-graph plan only; stale
+    caches that refresh whole blocks (SANCUS's skip-broadcast) run on it."""
+    summary = ("moves every rank's whole block on the exact full-graph plan (CAGNET's 1-D "
+               "algorithm)")
+    sampled_plans = False
+    minibatch = False
+    feature_cache = False
+    whole_blocks = True
+
+    def fetch(self, ctx, key: str, x: Tensor, plan: HaloPlan,
+              codec: Optional[RowCodec]) -> Tensor:
+        return block_exchange(x, plan, ctx.data, ctx.group, ctx.stats, key, codec)

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from pyg_dist.comm.exchange import all_to_all
+from pyg_dist.comm.transfer import all_to_all
 from pyg_dist.comm.stats import CommStats
 
 

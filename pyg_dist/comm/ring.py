@@ -9,14 +9,13 @@ rank holds one peer's rows at a time. The gradients of a round's rows go
 back the other way. Round 0 is the rank's own inner rows (nothing
 travels).
 """
-from contextlib import nullcontext
-from typing import List, Optional, Sequence
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from pyg_dist.comm.compress import RowCodec
-from pyg_dist.comm.p2p import decode, encode, start_p2p, wire_row
+from pyg_dist.comm.transfer import Transfer, decode, encode, start_p2p, wire_row
 from pyg_dist.comm.plan import HaloPlan
 from pyg_dist.comm.stats import CommStats
 
@@ -59,30 +58,6 @@ class RingSchedule:
         return self.plan.send_index[end - self.plan.send_counts[q]:end]
 
 
-class Transfer:
-    r"""One round's transfer in flight: :meth:`wait` returns the received
-    rows (decoded), or ``None`` where nothing is received."""
-
-    def __init__(self, works: list, recv: Optional[Tensor], like: Tensor,
-                 codec: Optional[RowCodec], stats: Optional[CommStats], timer: Sequence[str],
-                 keep_alive: Optional[Tensor]) -> None:
-        self.works, self.recv, self.like, self.codec = works, recv, like, codec
-        self.stats, self.timer = stats, timer
-        self._send = keep_alive  # the send buffer must outlive the transfer
-
-    def wait(self) -> Optional[Tensor]:
-        if self.stats is None:
-            for work in self.works:
-                work.wait()
-        else:
-            with self.stats.timer(self.timer[0]), \
-                    (self.stats.timer(self.timer[1]) if len(self.timer) > 1 else nullcontext()):
-                for work in self.works:
-                    work.wait()
-        self.works, self._send = [], None
-        return None if self.recv is None else decode(self.recv, self.codec, self.like)
-
-
 def start_round(send: Tensor, send_to: int, recv_from: int, num_recv: int, group,
                 codec: Optional[RowCodec] = None, stats: Optional[CommStats] = None,
                 key: str = "", backward: bool = False) -> Transfer:
@@ -97,10 +72,9 @@ def start_round(send: Tensor, send_to: int, recv_from: int, num_recv: int, group
         sends[send_to] = encode(send.detach(), codec)
     if num_recv > 0:
         recvs[recv_from] = wire.new_empty((num_recv, ) + tuple(wire.shape[1:]))
-    works: List = start_p2p(sends, recvs, group) if (sends or recvs) else []
+    works = start_p2p(sends, recvs, group)
+    row_bytes = wire.numel() * wire.element_size()
     if stats is not None:
-        row_bytes = wire.numel() * wire.element_size()
         stats.add_bytes(key, send.size(0) * row_bytes, num_recv * row_bytes)
-    timer = ("comm", "comm_backward") if backward else ("comm", )
-    return Transfer(works, recvs.get(recv_from), send, codec, stats, timer,
-                    sends.get(send_to))
+    return Transfer(works, recvs.get(recv_from), lambda out: decode(out, codec, send),
+                    row_bytes, sends.get(send_to), stats, backward)

@@ -45,6 +45,9 @@ class Loader:
     #: The model runs distributed layers on the batches' plans (else it is
     #: a plain PyG model and the partition stays on the CPU for the loader).
     distributed: bool = True
+    #: Its batches are the rank's whole partition (full-graph plans); else
+    #: mini-batches on sub-partitions.
+    full_graph: bool = False
     #: Trains on the train nodes' subgraph when the run is inductive.
     inductive: bool = True
     options: Tuple[Option, ...] = ()

@@ -119,6 +119,7 @@ class FullGraphLoader(Loader):
         stats: counts the sampler's bytes and times the drawing
             (``sample``; its own collectives count as ``comm``).
     """
+    full_graph = True
     options = (Option("background", True, "draw the plans of a pipelined cache in the "
                       "training loop (default: in a background thread, on CPU)",
                       flag="--no-background-sampling",

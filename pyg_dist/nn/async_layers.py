@@ -65,20 +65,18 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 from torch.autograd.function import once_differentiable
-from torch_geometric.nn import GCNConv, GINConv, GraphConv, SAGEConv
+from torch_geometric.nn import GCNConv
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 from torch_geometric.utils import is_torch_sparse_tensor, spmm
 
 from pyg_dist.comm import HaloPlan
-from pyg_dist.comm.exchange import Pending, start_exchange
+from pyg_dist.comm import EXCHANGES, Transfer
 from pyg_dist.nn.conv.gcn_conv import whole_graph_norm
 from pyg_dist.nn.norm import NORMS
+from pyg_dist.nn.spec import layer_names, spec_of
 from pyg_dist.utils import csr_tensor
 from pyg_dist.utils.sparse import valid_sparse
 
-#: Layers whose rows can be computed in any subset of targets: their
-#: forward takes ``(x_src, x_dst)`` and a CSR ``adj_t`` of those targets.
-BIPARTITE = (SAGEConv, GINConv, GraphConv)
 #: Aggregations whose backward is a scaled transposed product (see _Aggregate).
 SCALED = ("sum", "add", "mean")
 #: Row-wise modules accepted between layers (besides activations and dropout).
@@ -96,10 +94,11 @@ def refusal(model: torch.nn.Module) -> Optional[str]:
     if model.jk_mode is not None or hasattr(model, "lin"):
         return "jumping knowledge (jk) reads every layer's rows at the end"
     for i, conv in enumerate(model.convs):
-        if not isinstance(conv, BIPARTITE + (GCNConv, )) or not conv.fuse:
-            return (f"layer convs.{i} ({type(conv).__name__}) is not one of SAGEConv, GINConv, "
-                    f"GraphConv, GCNConv on the fused sparse path (per-edge layers such as "
-                    f"GAT exchange first)")
+        spec = spec_of(conv)
+        if spec is None or not spec.node_schedule or not conv.fuse:
+            return (f"layer convs.{i} ({type(conv).__name__}) is not one of "
+                    f"{', '.join(sorted(layer_names(node_schedule=True)))} on the fused "
+                    f"sparse path (per-edge layers such as GAT exchange first)")
         for name, m in conv.named_modules():
             if type(m) in NORMS or isinstance(m, tuple(NORMS.values())):
                 return (f"'convs.{i}.{name}' ({type(m).__name__}) takes statistics over all "
@@ -129,11 +128,12 @@ def check_overlap(overlap: Any) -> None:
 
 
 def check_nodes(model: torch.nn.Module, cache=None, feature_cache=None,
-                precompute_layer0: bool = False, exchange: str = "halo") -> None:
+                precompute_layer0: bool = False, exchange=None) -> None:
     r"""Refuses, before any work, what ``overlap="nodes"`` cannot run
     exactly: a model :func:`refusal` refuses (:class:`NotImplementedError`),
-    a stale cache, a feature cache, ``precompute_layer0`` or a broadcast
-    exchange (:class:`ValueError`)."""
+    a stale cache, a feature cache, ``precompute_layer0`` or an
+    :class:`~pyg_dist.comm.exchange.Exchange` without the per-node schedule
+    (:class:`ValueError`)."""
     why = refusal(model)
     if why is not None:
         raise NotImplementedError(f"overlap='nodes' cannot schedule this model across "
@@ -144,8 +144,10 @@ def check_nodes(model: torch.nn.Module, cache=None, feature_cache=None,
     if feature_cache is not None or precompute_layer0:
         raise ValueError("overlap='nodes' exchanges every layer's rows itself: it does not "
                          "combine with a feature cache or precompute_layer0")
-    if exchange != "halo":
-        raise ValueError(f"overlap='nodes' runs on exchange='halo' (got '{exchange}')")
+    if exchange is not None and "nodes" not in exchange.overlap:
+        able = [name for name, cls in EXCHANGES.items() if "nodes" in cls.overlap]
+        raise ValueError(f"overlap='nodes' runs on exchange={' or '.join(map(repr, able))} "
+                         f"(got '{exchange.name}')")
 
 
 def install(model: torch.nn.Module) -> None:
@@ -368,8 +370,8 @@ class AsyncLayers:
                                                  and x.size(0) > first.num_inner):
             return False  # the usual forward raises the usual error
         for conv in self.model.convs:
-            if conv._forward_hooks.keys() - {_hook_id(conv, "_leave")} or \
-                    conv._forward_pre_hooks.keys() - {_hook_id(conv, "_trim_input")}:
+            trim, leave = conv._dist_hooks  # distribute()'s own
+            if conv._forward_hooks.keys() - {leave} or conv._forward_pre_hooks.keys() - {trim}:
                 return False
         return True
 
@@ -415,13 +417,6 @@ class AsyncLayers:
         return run.forward(x)
 
 
-def _hook_id(conv, name: str) -> Optional[int]:
-    for key, hook in list(conv._forward_hooks.items()) + list(conv._forward_pre_hooks.items()):
-        if getattr(hook, "__name__", None) == name:
-            return key
-    return None
-
-
 def _layer_adjacency(ctx, conv, edge_index, dtype: torch.dtype) -> Tensor:
     r"""The CSR a layer aggregates over in the current plan, as the
     layer's own forward would build it."""
@@ -455,7 +450,7 @@ class _Pass:
         # (l, s) -> the rows it read and its own rows (views or a gather of the buffer)
         self.sources: Dict[Tuple[int, int], Tuple[Tensor, Tensor]] = {}
         self.outputs: Dict[Tuple[int, int], Tensor] = {}  # (l, s) -> graph output
-        self.pending: Dict[int, Pending] = {}
+        self.pending: Dict[int, Transfer] = {}
         self.x_leaf: Optional[Tensor] = None
         self.grads: List[Optional[Tensor]] = []  # per layer, the gradient of its buffer
         self.x_rows = 0
@@ -590,7 +585,7 @@ class _Pass:
         inner = buf[below.position[:plan.num_inner]]
         x_src = torch.cat([inner, buf[below.num_rows:below.num_rows + below.num_recv]])
         ctx.enter(self.convs[l - 1]._dist_key)
-        ctx._observe(self.s.keys[l - 1], x_src)
+        ctx.observe(self.s.keys[l - 1], x_src)
 
     def _post(self, j: int) -> None:
         r"""Starts exchange ``j``: layer ``j - 1``'s rows that peers' layer
@@ -599,17 +594,13 @@ class _Pass:
         start = time.perf_counter()
         with self.stats.timer("comm"):
             rows = self.buffers[j - 1].detach().index_select(0, self.s.send_position[j])
-            pending = start_exchange(rows, plan.send_counts, plan.recv_counts,
-                                     self.ctx.group, self.ctx.codec)
-        self.stats.add_bytes(key, plan.num_send * pending.row_bytes,
-                             plan.num_recv * pending.row_bytes)
-        self.pending[j] = pending
+        self.pending[j] = self.ctx.exchange.start(self.ctx, key, rows, plan.send_counts,
+                                                  plan.recv_counts)
         self._event("post", j, None, plan.num_send, start, time.perf_counter())
 
     def _wait(self, j: int) -> None:
         start = time.perf_counter()
-        with self.stats.timer("comm"):
-            rows = self.pending.pop(j).wait()
+        rows = self.pending.pop(j).wait()
         below = self.s.layers[j - 1]
         self.buffers[j - 1].data[below.num_rows:below.num_rows + below.num_recv].copy_(rows)
         self._event("wait", j, None, below.num_recv, start, time.perf_counter())
@@ -710,21 +701,17 @@ class _Pass:
         plan, key = self.s.plans[j - 1], self.s.keys[j - 1]
         below = self.s.layers[j - 1]
         start = time.perf_counter()
-        with self.stats.timer("comm"), self.stats.timer("comm_backward"):
-            halo = grad_below[below.num_rows:below.num_rows + below.num_recv]
-            pending = start_exchange(halo, plan.recv_counts, plan.send_counts,
-                                     self.ctx.group, self.ctx.codec)
-        self.stats.add_bytes(key + ".grad", plan.num_recv * pending.row_bytes,
-                             plan.num_send * pending.row_bytes)
-        self.pending[j] = pending
+        halo = grad_below[below.num_rows:below.num_rows + below.num_recv]
+        self.pending[j] = self.ctx.exchange.start(self.ctx, key + ".grad", halo,
+                                                  plan.recv_counts, plan.send_counts,
+                                                  backward=True)
         self._event("grad_post", j, None, plan.num_recv, start, time.perf_counter())
 
     def _grad_wait(self, j: int, grad_below: Tensor) -> None:
         r"""Adds the gradients peers return for the rows exchange ``j``
         sent into layer ``j - 1``'s gradient."""
         start = time.perf_counter()
-        with self.stats.timer("comm"), self.stats.timer("comm_backward"):
-            rows = self.pending.pop(j).wait()
+        rows = self.pending.pop(j).wait()
         grad_below.index_add_(0, self.s.send_position[j], rows)
         self._event("grad_wait", j, None, rows.size(0), start, time.perf_counter())
 

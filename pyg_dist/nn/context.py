@@ -1,7 +1,7 @@
 """``HaloContext``: what every distributed layer of a model shares — the
 partition, the current halo plan, the process group and the counters."""
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -9,14 +9,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pyg_dist.cache import ExactCache, FeatureCache, HaloCache
-from pyg_dist.comm import HaloPlan, halo_exchange
-from pyg_dist.comm.broadcast import check_exchange
+from pyg_dist.comm import DEFAULT_EXCHANGE, Exchange, HaloPlan, get_exchange
 from pyg_dist.comm.compress import get_codec
-from pyg_dist.comm.exchange import start_halo_exchange
 from pyg_dist.comm.plan import Plans
 from pyg_dist.comm.stats import CommStats
 from pyg_dist.data import DistData
-from pyg_dist.nn.sequential import sequential_aggregate
+from pyg_dist.nn.spec import spec_of
 
 Observer = Callable[[str, Tensor, HaloPlan], None]
 
@@ -32,26 +30,27 @@ class HaloContext:
     with every layer's source rows (samplers that learn from embeddings
     register here). The halo rows come through :attr:`cache` (a
     :class:`~pyg_dist.cache.HaloCache`; exact by default) and, for the
-    input features, :attr:`feature_cache`. :attr:`exchange` says how they
-    travel: ``"halo"`` (each rank sends its peers the rows they need),
-    ``"broadcast"`` (CAGNET's 1-D whole blocks, :mod:`pyg_dist.comm.broadcast`;
-    exact full-graph plan only) or ``"sequential"`` (SAR: one peer's rows at
-    a time, never the whole halo; :mod:`pyg_dist.nn.sequential`).
+    input features, :attr:`feature_cache`. :attr:`exchange` (an
+    :class:`~pyg_dist.comm.exchange.Exchange` of :data:`~pyg_dist.comm.EXCHANGES`)
+    says how they travel and are aggregated.
     """
 
     def __init__(self, data: DistData, group=None, stats: Optional[CommStats] = None,
                  exchange_dtype: str = "fp32", cache: Optional[HaloCache] = None,
-                 feature_cache: Optional[FeatureCache] = None, overlap: bool = False,
-                 exchange: str = "halo") -> None:
-        check_exchange(exchange)
-        if exchange == "broadcast" and (overlap or feature_cache is not None):
-            raise ValueError("exchange='broadcast' moves whole blocks: it does not combine "
-                             "with overlap or a feature cache (they work on halo rows)")
-        if exchange == "sequential" and (overlap == "nodes" or feature_cache is not None):
-            raise ValueError("exchange='sequential' fetches one peer's rows at a time: it "
-                             "does not combine with overlap='nodes' or a feature cache (they "
-                             "hold the whole halo); overlap=True fetches the next peer's "
-                             "rows while the current ones aggregate")
+                 feature_cache: Optional[FeatureCache] = None,
+                 overlap: Union[bool, str] = False,
+                 exchange: Union[str, Exchange] = DEFAULT_EXCHANGE) -> None:
+        self.exchange = get_exchange(exchange)
+        self.cache = cache if cache is not None else ExactCache()
+        rules = type(self.exchange)
+        if rules.refusals(cache=type(self.cache)):
+            raise ValueError(f"{type(self.cache).__name__} does not run on "
+                             f"exchange='{self.exchange.name}'")
+        refused = rules.refusals(feature_cache=feature_cache is not None, overlap=overlap)
+        if refused:
+            what = {"feature_cache": "a feature cache", "overlap": f"overlap={overlap!r}"}
+            raise ValueError(f"exchange='{self.exchange.name}' {self.exchange.summary}: it "
+                             f"does not combine with {' or '.join(what[r] for r in refused)}")
         world = dist.get_world_size(group) if dist.is_initialized() else 1
         if world != data.num_parts:
             raise RuntimeError(
@@ -80,15 +79,9 @@ class HaloContext:
         # What layers compute once per context (e.g. GCN's whole-graph degrees).
         self.memo: Dict[str, Any] = {}
         self._precomputed: Dict[str, Tuple[int, Tensor]] = {}
-        self.exact_cache = ExactCache()
-        self.cache = cache if cache is not None else self.exact_cache
+        self.exact_cache = self.cache if type(self.cache) is ExactCache else ExactCache()
         self.feature_cache = feature_cache
         self.overlap = overlap
-        self.exchange = exchange
-        if exchange not in self.cache.exchanges:
-            raise ValueError(f"{type(self.cache).__name__} does not run on "
-                             f"exchange='{exchange}' (it runs on: "
-                             f"{', '.join(self.cache.exchanges)})")
         for c in (self.exact_cache, self.cache):
             c.attach(self)
         if feature_cache is not None and feature_cache.ctx is None:
@@ -139,10 +132,12 @@ class HaloContext:
         otherwise. Samplers that estimate the aggregated terms
         :math:`W h_j` (PSC-GCN's :math:`\mathbf y_{ij}`) read it."""
         layer = self.layers.get(self._key)
-        name = {"DistGCNConv": "lin" if getattr(layer, "_dist_exchanges_raw", False) else None,
-                "SAGEConv": "lin_l", "GraphConv": "lin_rel"}.get(type(layer).__name__)
-        lin = getattr(layer, name, None) if name else None
-        return getattr(lin, "weight", None)
+        spec = spec_of(layer) if layer is not None else None
+        # GCN exchanges XΘ unless its rows must travel raw (see DistGCNConv)
+        if spec is None or spec.neighbour_weight is None \
+                or not getattr(layer, "_dist_exchanges_raw", True):
+            return None
+        return getattr(getattr(layer, spec.neighbour_weight, None), "weight", None)
 
     def _at_layer(self, plans: Plans) -> HaloPlan:
         return plans if isinstance(plans, HaloPlan) else plans[self._layer]
@@ -204,7 +199,7 @@ class HaloContext:
         autograd, through the :attr:`active_cache`; :obj:`exact`: now and
         in full precision."""
         if exact:
-            return halo_exchange(x, self.plan, self.group, self.stats, key)
+            return self.exchange.fetch(self, key, x, self.plan, None)
         cache = self.active_cache
         if self.feature_cache is not None and self.is_input_features(x):
             return self.feature_cache.serve(key, x, self.plan, self.upcoming, cache)
@@ -222,55 +217,23 @@ class HaloContext:
 
     def extend(self, key: str, x: Tensor) -> Tensor:
         r"""``[x | received halo rows of x]``: the source rows of the plan's graph."""
-        self._check_rows(key, x)
+        self.check_rows(key, x)
         if self.plan.num_recv == 0 and (self.plan.skip_exchange or self.world_size == 1):
             x_src = x  # nothing travels: skip a full copy of x
         else:  # a rank receiving nothing may still send (and get gradients back)
             x_src = torch.cat([x, self.fetch(key, x)], dim=0)
-        self._observe(key, x_src)
+        self.observe(key, x_src)
         return x_src
 
     def aggregate(self, key: str, x: Tensor, adj,
                   run: Callable[[Any, Tensor, Tuple[int, int]], Tensor]) -> Tensor:
         r"""``run(adj, x_src, size)``: a layer's aggregation of :obj:`x`'s
-        plan sources over :obj:`adj` (the plan's graph).
+        plan sources over :obj:`adj` (the plan's graph), as the
+        :attr:`exchange` runs it (by default: the halo rows first, see
+        :meth:`~pyg_dist.comm.exchange.Exchange.aggregate`)."""
+        return self.exchange.aggregate(self, key, x, adj, run)
 
-        With :attr:`overlap` (CM-GCN's asynchronous computation between
-        layers, §III-C), an exact exchange and a CSR :obj:`adj`, the halo
-        rows leave first, the *interior* targets (no halo in-edge) aggregate
-        while they travel, and the *border* targets after they arrive
-        (:meth:`~pyg_dist.comm.HaloPlan.split_rows`): the same result,
-        with the exchange hidden behind the interior work."""
-        if self.exchange == "sequential":
-            if not (isinstance(adj, Tensor) and adj.layout == torch.sparse_csr
-                    and adj.size(1) == self.num_src and not adj.requires_grad):
-                raise NotImplementedError(
-                    f"Layer '{key}': exchange='sequential' runs GCNConv on the partition's "
-                    f"own graph through its normalised CSR (normalize=True), with edge "
-                    f"weights that need no gradient; use exchange='halo' for this layer")
-            return sequential_aggregate(
-                self, key, adj, [x], [],
-                lambda piece, rows, _: run(piece.graph, rows[0],
-                                           (piece.num_rows, self.num_inner)),
-                "sum", self.layers[key])
-        if not self._overlaps(x, adj):
-            return run(adj, self.extend(key, x), (self.num_src, self.num_inner))
-        self._check_rows(key, x)
-        self.stats.count("overlapped_layers", 1)
-        wait = start_halo_exchange(x, self.plan, self.group, self.stats, key, self.codec)
-        interior, border = self.plan.split_rows(adj)
-        out = run(interior, x, (self.num_inner, self.num_inner))
-        x_src = torch.cat([x, wait()], dim=0)
-        self._observe(key, x_src)
-        return out + run(border, x_src, (self.num_src, self.num_inner))
-
-    def _overlaps(self, x: Tensor, adj) -> bool:
-        return (self.overlap and isinstance(adj, Tensor) and adj.layout == torch.sparse_csr
-                and not self.plan.skip_exchange and self.world_size > 1
-                and not self.active_cache.stale
-                and not (self.feature_cache is not None and self.is_input_features(x)))
-
-    def _check_rows(self, key: str, x: Tensor) -> None:
+    def check_rows(self, key: str, x: Tensor) -> None:
         if x.size(0) != self.num_inner:
             raise ValueError(
                 f"Layer '{key}' received {x.size(0)} node rows, but this rank "
@@ -278,7 +241,7 @@ class HaloContext:
                 f"the rank's inner rows (e.g. DistData.x, or a batch's x), not the "
                 f"whole graph")
 
-    def _observe(self, key: str, x_src: Tensor) -> None:
+    def observe(self, key: str, x_src: Tensor) -> None:
         if self.observers:
             with self.stats.timer("sample"):
                 for observe in self.observers:

@@ -4,34 +4,22 @@ from typing import Optional, Union
 
 import torch
 from torch import Tensor
-from torch_geometric.nn import (ChebConv, ClusterGCNConv, GATConv, GATv2Conv, GCNConv, GINConv,
-                                GraphConv, SAGEConv)
 from torch_geometric.nn.conv import MessagePassing
 
 from pyg_dist.cache import FeatureCache, HaloCache
-from pyg_dist.data import DistData
+from pyg_dist.comm import DEFAULT_EXCHANGE, Exchange, get_exchange
 from pyg_dist.comm.stats import CommStats
-from pyg_dist.nn.context import HaloContext
+from pyg_dist.data import DistData
 from pyg_dist.nn import async_layers, gcn_norm, sequential
-from pyg_dist.nn.conv import DistChebConv, DistGATConv, DistGATv2Conv, DistGCNConv
+from pyg_dist.nn.arguments import source_args, target_args
+from pyg_dist.nn.context import HaloContext
+from pyg_dist.nn.conv import DistGCNConv
 from pyg_dist.nn.norm import NORMS
+from pyg_dist.nn.spec import LayerSpec, layer_names, spec_of
 from pyg_dist.nn.support import check_model
 
-# Layers whose forward does node-count dependent work before propagate get a
-# subclass; the others are distributed by a propagate pre-hook.
-SUBCLASSES = {GCNConv: DistGCNConv, GATConv: DistGATConv, GATv2Conv: DistGATv2Conv,
-              ChebConv: DistChebConv}
-# ...of which these fetch their halo rows themselves (no propagate pre-hook).
-SELF_EXCHANGING = (DistGCNConv, DistGATConv, DistGATv2Conv)
-
-# Layers whose forward normalises a sparse adjacency it takes to be square
-# (the partition's adj_t is [inner, inner + halo]): given the edge_index.
-EDGE_INDEX_ONLY = (ClusterGCNConv, )
-
-
-# Layers whose propagate aggregates the raw input with no parameter involved
-# (GCN through (ÂX)Θ = Â(XΘ)): their first-layer aggregation can be precomputed.
-PRECOMPUTABLE = (GCNConv, SAGEConv, GINConv, GraphConv)
+# The facts about each PyG layer (which get a subclass, which fetch their
+# halo rows themselves, which precompute) are pyg_dist.nn.spec.LAYERS'.
 
 
 def distribute(model: torch.nn.Module, data: DistData, group=None,
@@ -39,7 +27,7 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
                exchange_dtype: str = "fp32", cache: Optional[HaloCache] = None,
                feature_cache: Optional[FeatureCache] = None,
                overlap: Union[bool, str] = False,
-               exchange: str = "halo") -> torch.nn.Module:
+               exchange: Union[str, Exchange] = DEFAULT_EXCHANGE) -> torch.nn.Module:
     r"""Converts every :class:`~torch_geometric.nn.conv.MessagePassing`
     layer of :obj:`model` in place into its partition-parallel version, like
     :meth:`torch.nn.SyncBatchNorm.convert_sync_batchnorm` (parameters,
@@ -120,10 +108,11 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
             plans (a halo sampler's too) under the exact cache, without a
             feature cache or ``overlap="nodes"`` (``overlap=True`` fetches
             the next peer's rows while the current ones aggregate), for
-            the layers of
-            :data:`~pyg_dist.nn.sequential.SEQUENTIAL_CONVS` and layers of
-            the user's own with a sum, mean, max or min aggregation;
-            others are refused before any work.
+            the layers :data:`~pyg_dist.nn.spec.LAYERS` marks
+            ``sequential`` and layers of the user's own with a sum, mean,
+            max or min aggregation; others are refused before any work.
+            Any :data:`~pyg_dist.comm.EXCHANGES` name, or an
+            :class:`~pyg_dist.comm.exchange.Exchange`.
     """
     layers = [(name, m) for name, m in model.named_modules()
               if isinstance(m, MessagePassing)]
@@ -131,8 +120,9 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
         raise ValueError(f"'{type(model).__name__}' contains no MessagePassing "
                          f"layer to distribute")
     check_model(model)
-    if exchange == "sequential":
-        sequential.check_model(model)
+    exchange = get_exchange(exchange)
+    if exchange.piecewise:
+        sequential.check_model(model, exchange)
     async_layers.check_overlap(overlap)
     if overlap == "nodes":
         async_layers.check_nodes(model, cache, feature_cache, precompute_layer0, exchange)
@@ -172,11 +162,12 @@ def _end_pass(model: torch.nn.Module, args, out) -> None:
 
 
 def _precompute_first(name: str, module: MessagePassing) -> None:
-    if not isinstance(module, PRECOMPUTABLE) or getattr(module, "project", False):
+    if not module._dist_spec.precomputable or getattr(module, "project", False):
         raise NotImplementedError(
             f"precompute_layer0: the first layer '{name}' ({type(module).__name__}) "
             f"transforms its input with parameters before aggregating; supported: "
-            f"GCNConv, SAGEConv (project=False), GINConv, GraphConv")
+            f"{', '.join(sorted(layer_names(precomputable=True)))} (SAGEConv with "
+            f"project=False)")
     module._dist_precompute = True
     if not isinstance(module, DistGCNConv):  # GCN handles it in its forward
         module.propagate = _precomputed_propagate.__get__(module)
@@ -204,27 +195,32 @@ def _precomputed_propagate(module: MessagePassing, edge_index, size=None, **kwar
                           lambda: propagate(module, edge_index, size=size, **kwargs))
 
 
+#: What a layer without a spec (a user's) is taken to be: it propagates.
+_USERS = LayerSpec("a user's layer")
+
+
 def _convert(module: MessagePassing, name: str, ctx: HaloContext) -> None:
     if getattr(module, "_dist_ctx", None) is None:  # not converted yet
         cls = type(module)
-        if cls in SUBCLASSES:
-            module.__class__ = SUBCLASSES[cls]
+        module._dist_spec = spec_of(module) or _USERS
+        if module._dist_spec.subclass is not None:
+            module.__class__ = module._dist_spec.subclass
         elif module.inspector.implements("edge_update"):  # a user's layer
             raise NotImplementedError(
                 f"pyg_dist cannot distribute '{name}' ({cls.__name__}): it updates "
                 f"edges on the graph it is given before propagating, which would be "
                 f"wrong on a partition")
-        module.register_forward_pre_hook(_trim_input)
-        module.register_forward_hook(_leave, always_call=True)
-        if not isinstance(module, SELF_EXCHANGING):
+        module._dist_hooks = (module.register_forward_pre_hook(_trim_input).id,
+                              module.register_forward_hook(_leave, always_call=True).id)
+        if not module._dist_spec.self_exchanging:
             module.register_propagate_forward_pre_hook(_propagate_pre_hook)
             module.register_message_forward_hook(_message_weight_hook)
             if ctx.overlap:
                 module.propagate = _overlapped_propagate.__get__(module)
-        if ctx.exchange == "sequential" and not isinstance(module, DistGCNConv):
+        if ctx.exchange.piecewise and not isinstance(module, DistGCNConv):
             # GCN aggregates through HaloContext.aggregate, which takes this path itself.
             module.propagate = sequential.sequential_propagate.__get__(module)
-            if isinstance(module, SELF_EXCHANGING):  # GAT, GATv2: their edge updates
+            if module._dist_spec.self_exchanging:  # GAT, GATv2: their edge updates
                 module.edge_updater = sequential.defer_edge_update.__get__(module)
             if "return_attention_weights" in inspect.signature(module.forward).parameters:
                 module.register_forward_pre_hook(sequential.refuse_attention_weights,
@@ -237,14 +233,14 @@ def _convert(module: MessagePassing, name: str, ctx: HaloContext) -> None:
 def _trim_input(module: MessagePassing, args):
     r"""Cuts the node rows a layer is given to its plan's inputs when the
     plan says so (a mini-batch's layers run on shrinking prefixes), and
-    gives a layer of :data:`EDGE_INDEX_ONLY` the partition's ``edge_index``
-    for its ``adj_t``."""
+    gives a layer whose spec is ``edge_index_only`` the partition's
+    ``edge_index`` for its ``adj_t``."""
     ctx: HaloContext = module._dist_ctx
     gcn_norm.enter(ctx)  # first: _leave runs even if this hook raises
     ctx.enter(module._dist_key)
     module._dist_calls = 0
     args = list(args)
-    if isinstance(module, EDGE_INDEX_ONLY) and len(args) > 1 and args[1] is ctx.data.adj_t:
+    if module._dist_spec.edge_index_only and len(args) > 1 and args[1] is ctx.data.adj_t:
         args[1] = ctx.data.edge_index
     x = args[0] if args else None
     if ctx.plan.trim_input and isinstance(x, Tensor) and x.size(0) > ctx.num_inner:
@@ -301,12 +297,12 @@ def _propagate_pre_hook(module: MessagePassing, inputs):
     edge_index, size, kwargs = inputs
     ctx: HaloContext = module._dist_ctx
     ctx.enter(module._dist_key)
-    sources = sequential.source_args(module)
+    sources = source_args(module)
     # A layer that propagates K times exchanges K times, each under its own key.
     call = getattr(module, "_dist_calls", 0)
     module._dist_calls = call + 1
     suffix = f"#{call}" if call else ""
-    targets = set(sequential.target_args(module))
+    targets = set(target_args(module))
     for arg in sources:
         value, key = kwargs.get(arg), f"{module._dist_key}.{arg}{suffix}"
         if ctx.active_cache.stale:
@@ -330,7 +326,7 @@ def _overlapped_propagate(module: MessagePassing, edge_index, size=None, **kwarg
     source tensor on the fused path; any other call goes the usual way."""
     ctx: HaloContext = module._dist_ctx
     propagate = type(module).propagate
-    sources = sequential.source_args(module)
+    sources = source_args(module)
     if not (module.fuse and len(sources) == 1 and ctx.is_local_graph(edge_index)
             and all(v is None for k, v in kwargs.items() if k not in sources)):
         return propagate(module, edge_index, size=size, **kwargs)

@@ -34,7 +34,7 @@ from torch_geometric.nn.conv.gcn_conv import gcn_norm as pyg_gcn_norm
 from torch_geometric.utils import is_torch_sparse_tensor
 
 from pyg_dist.nn.conv.gcn_conv import whole_graph_norm
-from pyg_dist.nn.support import GCN_NORM_CONVS
+from pyg_dist.nn.spec import layer_names
 
 _running = threading.local()  # the HaloContext of the layer running in this thread
 
@@ -92,8 +92,8 @@ _DEFINING_MODULE = "torch_geometric.nn.conv.gcn_conv"
 def install() -> None:
     r"""Points every PyG conv module that imported ``gcn_norm`` (under any
     name) at :func:`gcn_norm`, once; raises :class:`RuntimeError` if a layer
-    of :data:`~pyg_dist.nn.support.GCN_NORM_CONVS` lives in a module this
-    did not reach (a PyG release that reaches ``gcn_norm`` another way would
+    of role ``"gcn_norm"`` in :data:`~pyg_dist.nn.spec.LAYERS` lives in a
+    module this did not reach (a PyG release that reaches ``gcn_norm`` another way would
     otherwise normalise with the partition's degrees, silently)."""
     global _installed
     if _installed:
@@ -108,7 +108,7 @@ def install() -> None:
                 setattr(module, name, gcn_norm)
         if any(value is gcn_norm for value in vars(module).values()):
             covered.add(module.__name__)
-    missed = sorted(name for name in GCN_NORM_CONVS if hasattr(pyg_conv, name)
+    missed = sorted(name for name in layer_names(role="gcn_norm") if hasattr(pyg_conv, name)
                     and getattr(pyg_conv, name).__module__ not in covered)
     if missed:
         raise RuntimeError(

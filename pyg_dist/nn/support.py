@@ -8,73 +8,18 @@ class of ``torch_geometric.nn.conv`` and ``torch_geometric.nn.norm``), row-wise
 ``torch.nn`` modules, and norms converted to whole-graph statistics
 (:mod:`pyg_dist.nn.norm`). A PyG or ``torch.nn`` module of any other class,
 including one a later PyG release adds, is refused before any work, naming
-its path in the model and the reason. Modules of other libraries and the
+its path in the model and the reason (the PyG classes and their facts are
+:data:`pyg_dist.nn.spec.LAYERS`). Modules of other libraries and the
 user's own (a model class, a ``MessagePassing`` that only propagates node
 features) are the user's to vouch for; their children are checked all the
 same.
 """
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import torch
 
 from pyg_dist.nn.norm import NORMS
-
-#: PyG convolutions that call PyG's ``gcn_norm`` in their forward: exact
-#: because it is the whole graph's there (:mod:`pyg_dist.nn.gcn_norm`, whose
-#: install checks that it reaches each of them).
-GCN_NORM_CONVS = {"SGConv", "SSGConv", "APPNP", "TAGConv", "GCN2Conv", "MixHopConv", "LGConv",
-                  "FAConv", "EGConv", "PDNConv"}
-
-#: PyG convolutions that are exact under distribute() (each propagate call
-#: fetches the halo rows of its source-side inputs).
-EXACT_CONVS = GCN_NORM_CONVS | {
-    "GCNConv", "GATv2Conv", "ChebConv", "SAGEConv", "GraphConv", "GatedGraphConv", "ResGatedGraphConv", "GATConv",
-    "TransformerConv", "GINConv", "GINEConv", "NNConv", "CGConv", "EdgeConv", "FeaStConv",
-    "LEConv", "GENConv", "FiLMConv", "GeneralConv", "AntiSymmetricConv", "SimpleConv",
-    "PointTransformerConv",
-    # read target rows (x_i): given (halo-extended, inner) pairs
-    "AGNNConv", "PNAConv", "MFConv", "WLConvContinuous",
-    # normalises by in-degrees of its targets (inner nodes: all their edges are local)
-    "ClusterGCNConv",
-}
-
-#: PyG classes refused, and why.
-REFUSED: Dict[str, str] = {
-    "ARMAConv": "propagates node features of shape [K, N, C] (nodes not in the first "
-                "dimension)",
-    "SuperGATConv": "samples positive and negative edges of the graph it is given (the "
-                    "partition's) for its attention loss",
-    "DirGNNConv": "propagates over the reversed graph, whose edges cross the partition "
-                  "the other way",
-    "GPSConv": "its global attention would attend over this rank's nodes only",
-    "DNAConv": "takes every layer's history (x of shape [N, L, C])",
-    "LSTMAggregation": "pads and orders each neighbourhood as PyG does on the whole graph "
-                       "(the largest in-degree differs per partition)",
-    "GRUAggregation": "depends on the order and padding of neighbourhoods",
-    "SortAggregation": "a graph-level readout over this rank's nodes only",
-    "SetTransformerAggregation": "depends on the order and padding of neighbourhoods",
-    "MLPAggregation": "depends on the order and padding of neighbourhoods",
-    "DeepSetsAggregation": "a set readout whose padding depends on the largest degree",
-    "GraphMultisetTransformer": "a graph-level readout over this rank's nodes only",
-    "Set2Set": "a graph-level readout over this rank's nodes only",
-    "AttentionalAggregation": "a graph-level readout over this rank's nodes only",
-    "EquilibriumAggregation": "a graph-level readout over this rank's nodes only",
-    "PatchTransformerAggregation": "depends on the order and padding of neighbourhoods",
-    "HeteroBatchNorm": "heterogeneous norms are not supported",
-    "HeteroLayerNorm": "heterogeneous norms are not supported",
-}
-
-#: Other PyG modules that compute per node, per target node (aggregations over
-#: an inner node's in-edges, all local) or only hold children.
-ROW_WISE_PYG = {
-    "Linear", "MLP", "JumpingKnowledge", "Sequential", "Reshape", "DiffGroupNorm",
-    "TrimToLayer", "FusedAggregation", "MessageNorm",
-    "GCN", "GraphSAGE", "GIN", "GAT", "PNA", "EdgeCNN", "MultiAggregation",
-    "SumAggregation", "MeanAggregation", "MaxAggregation", "MinAggregation",
-    "MulAggregation", "VarAggregation", "StdAggregation", "SoftmaxAggregation",
-    "PowerMeanAggregation", "MedianAggregation", "QuantileAggregation",
-    "VariancePreservingAggregation", "DegreeScalerAggregation",
-}
+from pyg_dist.nn.spec import LAYERS, spec_of
 
 #: torch.nn modules whose output row i depends only on input row i, by
 #: definition, for node features [N, ...] (tests/test_row_wise.py checks each
@@ -120,10 +65,9 @@ def refusal(module: torch.nn.Module) -> Optional[str]:
     if cls in NORMS:  # converted to whole-graph statistics
         return None
     if origin.startswith("torch_geometric."):
-        if name in REFUSED:
-            return REFUSED[name]
-        if name in EXACT_CONVS or name in ROW_WISE_PYG:
-            return None
+        spec = spec_of(cls)
+        if spec is not None:
+            return spec.refusal
         return (f"{name} is not among the PyG classes verified under pyg_dist (see the "
                 f"table of supported layers in docs/layers.md)")
     if origin.startswith("torch.nn."):
@@ -150,20 +94,24 @@ def check_model(model: torch.nn.Module) -> None:
 
 
 def markdown_table() -> str:
-    r"""The table of supported layers in docs/layers.md, from the classification
-    above."""
+    r"""The table of supported layers in docs/layers.md, from
+    :data:`~pyg_dist.nn.spec.LAYERS` and the ``torch.nn`` tables above."""
     def names(items) -> str:
         return ", ".join(f"`{n}`" for n in sorted(items))
 
+    def role(*roles: str) -> List[str]:
+        return [name for name, spec in LAYERS.items() if spec.role in roles]
+
     norms = [("torch.nn." if c.__module__.startswith("torch.nn") else "") + c.__name__
              for c in NORMS]
-    rows = [("exact: each propagate call fetches its halo rows", names(EXACT_CONVS)),
+    rows = [("exact: each propagate call fetches its halo rows",
+             names(role("propagates", "gcn_norm"))),
             ("exact: statistics over the nodes of all ranks (one all-reduce)", names(norms)),
             ("exact: per node, per target (aggregations) or containers",
-             names(ROW_WISE_PYG))]
+             names(role("row_wise")))]
     by_reason: Dict[str, list] = {}
-    for name, why in REFUSED.items():
-        by_reason.setdefault(why, []).append(name)
+    for name in role("refused"):
+        by_reason.setdefault(LAYERS[name].refusal, []).append(name)
     rows += [(f"refused: {why}", names(group)) for why, group in by_reason.items()]
     refused_torch = {torch.nn.RNNBase: (torch.nn.RNN, torch.nn.LSTM, torch.nn.GRU)}
     rows += [(f"refused: {why}", names(f"torch.nn.{c.__name__}"

@@ -34,6 +34,12 @@ class BoundarySampler:
         stats: counters for the bytes the sampler itself sends (key ``"plan"``).
     """
 
+    #: Its plans drop halo rows or edges (else it returns the exact plan).
+    samples: bool = True
+    #: It learns from the rows the layers exchange (:meth:`attach` registers
+    #: an observer), so it needs an exchange that holds a layer's whole halo.
+    observes: bool = False
+
     def __init__(self, data: DistData, seed: int = 0, group=None,
                  stats: Optional[CommStats] = None) -> None:
         self.data = data

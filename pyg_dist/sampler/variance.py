@@ -117,6 +117,7 @@ class VarianceReductionSampler(BoundarySampler):
     The halo rows fetched are those kept by at least one edge; owners learn
     them from one ``all_to_all`` of bitmasks per iteration.
     """
+    observes = True
 
     def __init__(self, data: DistData, rate: float = 0.1, refresh: int = 100,
                  inner_weight: float = 1.1, halo_weight: float = 1.0,

@@ -15,7 +15,7 @@ def _attend(layer, x: Tensor, edge_index: Adj, edge_attr: Optional[Tensor],
     if edge_attr is not None and local:
         edge_attr = ctx.plan.edges(edge_attr)
     edge_index = ctx.adjacency(edge_index, fused=False)
-    if ctx.exchange == "sequential":
+    if ctx.exchange.piecewise:
         # Each rank transforms its own rows; every piece's sources travel
         # transformed and its edges are scored by the deferred edge update.
         if not local:  # (attention weights are refused by a pre-hook)
@@ -49,7 +49,7 @@ class DistGATConv(GATConv):
     Under ``exchange="sequential"`` the owners transform their rows
     (:math:`\mathbf{W}\mathbf{x}_j` and its attention term travel) and the
     softmax is folded over the peers' pieces
-    (:mod:`pyg_dist.nn.sequential`).
+    (:mod:`pyg_dist.comm.sequential`).
     """
 
     def forward(self, x: Tensor, edge_index: Adj, edge_attr: Optional[Tensor] = None,

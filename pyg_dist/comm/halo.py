@@ -1,0 +1,134 @@
+r"""The point-to-point exchange (``exchange="halo"``): every rank sends each
+peer exactly the rows of its halo, differentiably."""
+from typing import Callable, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from pyg_dist.comm.compress import RowCodec
+from pyg_dist.comm.exchange import Exchange, Run
+from pyg_dist.comm.plan import HaloPlan
+from pyg_dist.comm.stats import CommStats
+from pyg_dist.comm.transfer import Transfer, start_all_to_all
+
+
+def exchange_rows(x: Tensor, plan: HaloPlan, group, stats: Optional[CommStats],
+                  key: str, codec: Optional[RowCodec] = None):
+    r"""The rows of :obj:`x` (inner rows) that :obj:`plan` sends, exchanged
+    now, without autograd, timed and counted under :obj:`key`; returns the
+    received halo rows and the bytes one row took."""
+    transfer = start_all_to_all(x.index_select(0, plan.send_index), plan.send_counts,
+                                plan.recv_counts, group, codec, stats, key)
+    return transfer.wait(), transfer.row_bytes
+
+
+def start_grads(grad_halo: Tensor, plan: HaloPlan, group, stats: Optional[CommStats],
+                key: str, codec: Optional[RowCodec]) -> Transfer:
+    r"""Starts sending the gradients of the halo rows of :obj:`plan` to
+    their owners (counted under ``key + ".grad"``); the transfer returns,
+    on the owner, one gradient per row of ``plan.send_index``."""
+    return start_all_to_all(grad_halo, plan.recv_counts, plan.send_counts, group, codec,
+                            stats, key + ".grad", backward=True)
+
+
+def return_grads(grad_halo: Tensor, plan: HaloPlan, num_inner: int, group,
+                 stats: Optional[CommStats], key: str,
+                 codec: Optional[RowCodec]) -> Tensor:
+    r"""The backward of a halo exchange: the gradients of the halo rows of
+    :obj:`plan` travel to their owners, which add them into a gradient of
+    their :obj:`num_inner` inner rows (returned)."""
+    grad_send = start_grads(grad_halo, plan, group, stats, key, codec).wait()
+    grad = grad_halo.new_zeros((num_inner, ) + tuple(grad_halo.shape[1:]))
+    return grad.index_add_(0, plan.send_index, grad_send)
+
+
+class _HaloRows(torch.autograd.Function):
+    r"""Forward: the halo rows of a transfer started earlier (every rank
+    sent the inner rows its peers need), :math:`H_{\mathrm{halo}} =
+    \mathrm{A2A}(H_{\mathrm{inner}}[\mathrm{send}])`. Backward: the halo
+    gradients travel back to their owners, which add them into their inner
+    gradients, :math:`\nabla H_{\mathrm{inner}} \mathrel{+}= \mathrm{scatter}(
+    \mathrm{A2A}^{-1}(\nabla H_{\mathrm{halo}}), \mathrm{send})`.
+
+    Both directions travel encoded by :obj:`codec` when one is given
+    (:mod:`~pyg_dist.comm.compress`)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, transfer: Transfer, plan: HaloPlan, group,
+                stats: Optional[CommStats], key: str, codec: Optional[RowCodec]) -> Tensor:
+        ctx.plan, ctx.group, ctx.stats, ctx.key, ctx.codec = plan, group, stats, key, codec
+        ctx.num_inner = x.size(0)
+        return transfer.wait()
+
+    @staticmethod
+    def backward(ctx, grad_halo: Tensor):
+        grad = return_grads(grad_halo, ctx.plan, ctx.num_inner, ctx.group, ctx.stats,
+                            ctx.key, ctx.codec)
+        return grad, None, None, None, None, None, None
+
+
+def _exchanges_nothing(plan: HaloPlan, group) -> bool:
+    return plan.skip_exchange or not dist.is_initialized() or dist.get_world_size(group) == 1
+
+
+def start_halo_exchange(x: Tensor, plan: HaloPlan, group=None,
+                        stats: Optional[CommStats] = None, key: str = "",
+                        codec: Optional[RowCodec] = None) -> Callable[[], Tensor]:
+    r"""The halo exchange split in two: the rows leave now, and the returned
+    function waits for this rank's halo rows, differentiably, so the caller
+    can compute in between."""
+    if _exchanges_nothing(plan, group):
+        return lambda: x.new_empty((0, ) + tuple(x.shape[1:]))
+    transfer = start_all_to_all(x.detach().index_select(0, plan.send_index),
+                                plan.send_counts, plan.recv_counts, group, codec, stats, key)
+    return lambda: _HaloRows.apply(x, transfer, plan, group, stats, key, codec)
+
+
+def halo_exchange(x: Tensor, plan: HaloPlan, group=None,
+                  stats: Optional[CommStats] = None, key: str = "",
+                  codec: Optional[RowCodec] = None) -> Tensor:
+    r"""Returns this rank's halo rows of the node-level tensor :obj:`x`
+    (inner rows) that :obj:`plan` receives, differentiably. A world of one
+    rank, or a plan that isolates the partitions, exchanges nothing."""
+    return start_halo_exchange(x, plan, group, stats, key, codec)()
+
+
+class PointToPoint(Exchange):
+    r"""Each rank sends each peer exactly the rows of its halo (one
+    all-to-all per layer and direction). With ``overlap`` (CM-GCN's
+    asynchronous computation between layers, §III-C), on the exact cache
+    and a CSR graph, the halo rows leave first, the *interior* targets (no
+    halo in-edge) aggregate while they travel and the *border* targets
+    after they arrive (:meth:`~pyg_dist.comm.HaloPlan.split_rows`): the same
+    result, with the transfer hidden behind the interior work. The
+    per-node schedule (``overlap="nodes"``) posts its transfers through
+    :meth:`start`."""
+    summary = "sends each peer the rows it needs"
+    overlap = (False, True, "layers", "nodes")
+
+    def fetch(self, ctx, key: str, x: Tensor, plan: HaloPlan,
+              codec: Optional[RowCodec]) -> Tensor:
+        return halo_exchange(x, plan, ctx.group, ctx.stats, key, codec)
+
+    def start(self, ctx, key: str, rows: Tensor, send_counts: List[int],
+              recv_counts: List[int], backward: bool = False) -> Transfer:
+        r"""Starts the all-to-all of :obj:`rows` (no autograd), counted
+        under :obj:`key`: the transfers of the per-node schedule."""
+        return start_all_to_all(rows, send_counts, recv_counts, ctx.group, ctx.codec,
+                                ctx.stats, key, backward)
+
+    def aggregate(self, ctx, key: str, x: Tensor, adj, run: Run) -> Tensor:
+        plan = ctx.plan
+        if not (ctx.overlap and isinstance(adj, Tensor) and adj.layout == torch.sparse_csr
+                and not _exchanges_nothing(plan, ctx.group) and not ctx.active_cache.stale
+                and not (ctx.feature_cache is not None and ctx.is_input_features(x))):
+            return super().aggregate(ctx, key, x, adj, run)
+        ctx.check_rows(key, x)
+        ctx.stats.count("overlapped_layers", 1)
+        wait = start_halo_exchange(x, plan, ctx.group, ctx.stats, key, ctx.codec)
+        interior, border = plan.split_rows(adj)
+        out = run(interior, x, (ctx.num_inner, ctx.num_inner))
+        x_src = torch.cat([x, wait()], dim=0)
+        ctx.observe(key, x_src)
+        return out + run(border, x_src, (ctx.num_src, ctx.num_inner))
