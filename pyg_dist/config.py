@@ -1,6 +1,7 @@
 r"""``TrainConfig``: one training run's specification: the model and its
 optimiser, then a halo sampler, halo caches and a loader, each a registered
 name with its parameters and validated by its own registry."""
+import functools
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Optional, Tuple, Union
@@ -20,9 +21,13 @@ from pyg_dist.sampler import SAMPLERS, check_sampler
 MODELS = {"gcn": GCN, "sage": GraphSAGE, "gat": GAT, "gin": GIN}
 
 
+@functools.lru_cache(maxsize=None)
 def model_layer(model: str) -> LayerSpec:
-    r"""The spec of the layer PyG's :data:`MODELS` ``[model]`` is built of."""
-    return spec_of(MODELS[model](1, 1, 1).convs[0])
+    r"""The spec of the layer PyG's :data:`MODELS` ``[model]`` is built of
+    (read off a one-channel instance, built without drawing from the
+    generators a run's dropout and weights come from)."""
+    with torch.random.fork_rng(devices=[]):
+        return spec_of(MODELS[model](1, 1, 1).convs[0])
 
 
 def nodes_models() -> Tuple[str, ...]:
