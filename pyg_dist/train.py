@@ -31,11 +31,14 @@ from pyg_dist.integrity import CorruptFileError, load_checked, read_json
 from pyg_dist.loader import LOADERS, Loader, LoaderInputs, TrainBatch, build_loader
 from pyg_dist.loader import loader_options
 from pyg_dist.nn import distribute
+from pyg_dist.nn.conv.sage_conv import project_first
+from pyg_dist.nn.trim import trimmed, trims
 from pyg_dist.metrics import (MASKS, MetricsWriter, correct_counts, accuracies,  # noqa: F401
                               baseline_memory_metrics, current_memory_bytes, epoch_row,
                               peak_memory_bytes, reduce_over_ranks,
                               reset_peak_memory, summarize)
 from pyg_dist.partition.book import read_meta
+from pyg_dist.reducer import GradientReducer, reduces
 from pyg_dist.sampler import build_sampler
 from pyg_dist.utils.sparse import valid_sparse
 
@@ -70,6 +73,8 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     num_classes = int(max_over_ranks(torch.tensor([num_classes_of(data.y)],
                                                   device=device))[0])
     model = build_model(config, data.num_features, num_classes).to(device)
+    if not loader_class.distributed:  # a plain model: its layers project first where cheaper
+        project_first(model)
     _broadcast_params(model)
     evaluator = model
     if config.inductive or not loader_class.distributed:
@@ -159,13 +164,19 @@ class _Run:
         self.optimizer, self.params, self.config = optimizer, params, config
         self.world, self.device, self.num_halo = world, device, num_halo
         self.takes_adj_t = model_layer(config.model).takes_adj_t
+        self.trims = trims(model)  # a sampled batch's layers: only the rows needed
         self.baseline: Dict[str, Any] = {}  # memory before the first step
+        # The all-reduce overlaps backward, unless each rank must clip its
+        # whole local gradient first (SANCUS).
+        self.reducer = GradientReducer(params, stats=stats) \
+            if reduces() and config.clip_grad is None else None
 
     def closers(self):
         r"""What completes or releases the run's work in flight, in order."""
         contexts = [m.dist_context for m in (self.model, self.evaluator)
                     if hasattr(m, "dist_context")]
-        return [c.finish for c in dict.fromkeys(contexts)] + [self.loader.close]
+        closers = [c.finish for c in dict.fromkeys(contexts)] + [self.loader.close]
+        return closers + ([self.reducer.remove] if self.reducer is not None else [])
 
     def epoch(self, epoch: int) -> Tuple[Dict[str, Any], bool]:
         r"""One epoch of steps, its evaluation (every ``eval_every`` epochs)
@@ -205,20 +216,35 @@ class _Run:
         return row, bool(maxes["stop"])  # any rank asked to stop (the same answer on all)
 
     def step(self, batch: TrainBatch, epoch: int) -> Tensor:
-        r"""One forward, backward and synchronous optimiser step on
-        :obj:`batch`; returns its (detached) loss."""
+        r"""One forward, backward (the gradients' all-reduce overlapping
+        it, :mod:`pyg_dist.reducer`) and optimiser step on :obj:`batch`;
+        returns its (detached) loss."""
         self.optimizer.zero_grad(set_to_none=True)
         self.model.train()
         distributed = batch.plans is not None
         graph = batch.adj_t if distributed or self.takes_adj_t else batch.edge_index
-        with (self.ctx.use(batch.plans, batch.upcoming, input_features=batch.input_features)
-              if distributed else nullcontext()):
+        if distributed:
+            scope = self.ctx.use(batch.plans, batch.upcoming,
+                                 input_features=batch.input_features)
+        elif self.trims and "num_sampled_nodes" in batch.extra:
+            scope = trimmed(self.model, batch.adj_t, batch.num_sampled_nodes)
+        else:
+            scope = nullcontext()
+        with scope:
             loss = batch_loss(self.model(batch.x, graph), batch)
+            if self.reducer is not None:
+                self.reducer.start(loss)
             loss.backward()
         if distributed:
             self.ctx.cache.step()
-        _step(self.params, self.optimizer, loss, epoch, self.world, self.stats,
-              self.config.clip_grad)
+        if self.reducer is None:
+            _step(self.params, self.optimizer, loss, epoch, self.world, self.stats,
+                  self.config.clip_grad)
+        else:
+            total, finite = self.reducer.wait()
+            if not finite:
+                raise NonFiniteError(epoch, total)
+            self.optimizer.step()
         return loss.detach()
 
     def evaluate(self) -> Dict[str, float]:

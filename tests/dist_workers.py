@@ -129,7 +129,8 @@ def sampler_checks(root: str, iterations: int):
             with ctx.use(plan):
                 layer(part.x, part.adj_t)
             rows.append(plan.num_recv)
-            byte_ok &= stats.total_bytes_recv == plan.num_recv * part.num_features * 4
+            # SAGEConv(F, 4) aggregates W x_j: the rows travel projected, 4 wide
+            byte_ok &= stats.total_bytes_recv == plan.num_recv * 4 * 4
         stats.reset()
         exact = layer(part.x, part.adj_t)
         full_bytes = stats.total_bytes_recv
@@ -252,17 +253,18 @@ def resume_runs(root: str, out: str, configs: dict):
 
 def train_and_die(root: str, out: str, config, victim: int, epoch: int):
     r"""Trains; the victim rank exits abruptly in the middle of :obj:`epoch`
-    (before its gradient all-reduce)."""
+    (before it waits for its gradient all-reduce)."""
     import pyg_dist.train as train_module
-    allreduce, calls = train_module._allreduce_grads, [0]
+    from pyg_dist.reducer import GradientReducer
+    wait, calls = GradientReducer.wait, [0]
 
-    def dying_allreduce(*args, **kwargs):
+    def dying_wait(self):
         calls[0] += 1
         if calls[0] == epoch and dist.get_rank() == victim:
             os._exit(3)
-        return allreduce(*args, **kwargs)
+        return wait(self)
 
-    train_module._allreduce_grads = dying_allreduce
+    GradientReducer.wait = dying_wait
     return train_module.train(root, config, out)
 
 

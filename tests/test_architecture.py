@@ -12,7 +12,7 @@ import pyg_dist
 
 # Low to high: a module may import its own layer and the layers below.
 LAYERS = [
-    {"utils", "options", "integrity", "distributed", "version"},
+    {"utils", "options", "integrity", "distributed", "version", "reducer"},
     {"partition", "datasets"},
     {"data"},
     {"comm"},

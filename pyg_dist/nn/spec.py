@@ -15,7 +15,8 @@ only the facts that hold for any layer apply to it.
 from dataclasses import dataclass
 from typing import Dict, Optional, Set, Tuple
 
-from pyg_dist.nn.conv import DistChebConv, DistGATConv, DistGATv2Conv, DistGCNConv
+from pyg_dist.nn.conv import (DistChebConv, DistGATConv, DistGATv2Conv, DistGCNConv,
+                              DistGraphConv, DistSAGEConv)
 
 #: Roles: ``"propagates"`` (exact: each propagate call fetches the halo
 #: rows of its source-side inputs), ``"gcn_norm"`` (exact: calls PyG's
@@ -32,7 +33,7 @@ class LayerSpec:
     #: Why distribute() refuses it (role ``"refused"``).
     refusal: Optional[str] = None
     #: The subclass it becomes: its forward does node-count dependent work
-    #: before propagate.
+    #: before propagate, or projects before it aggregates.
     subclass: Optional[type] = None
     #: Its subclass fetches the halo rows itself (no propagate hook).
     self_exchanging: bool = False
@@ -83,11 +84,11 @@ _READOUT = "a graph-level readout over this rank's nodes only"
 LAYERS: Dict[str, LayerSpec] = {spec.name: spec for spec in (
     LayerSpec("GCNConv", subclass=DistGCNConv, self_exchanging=True, precomputable=True,
               sequential=True, node_schedule=True, neighbour_weight="lin"),
-    LayerSpec("SAGEConv", precomputable=True, sequential=True, node_schedule=True,
+    LayerSpec("SAGEConv", subclass=DistSAGEConv, precomputable=True, sequential=True, node_schedule=True,
               bipartite=True, neighbour_weight="lin_l"),
     LayerSpec("GINConv", precomputable=True, sequential=True, node_schedule=True,
               bipartite=True),
-    LayerSpec("GraphConv", precomputable=True, sequential=True, node_schedule=True,
+    LayerSpec("GraphConv", subclass=DistGraphConv, precomputable=True, sequential=True, node_schedule=True,
               bipartite=True, neighbour_weight="lin_rel"),
     LayerSpec("GINEConv", sequential=True, message_params=("lin", )),
     LayerSpec("GATConv", subclass=DistGATConv, self_exchanging=True, sequential=True,

@@ -1,0 +1,114 @@
+from typing import Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.parameter import UninitializedParameter
+from torch_geometric.nn import GraphConv, SAGEConv
+from torch_geometric.typing import Adj, OptTensor
+
+#: Aggregations that commute with a linear map: :math:`\mathrm{aggr}_j(W
+#: x_j) = W\,\mathrm{aggr}_j(x_j)`.
+LINEAR_AGGREGATIONS = ("mean", "sum", "add")
+
+
+def projects_first(layer, lin: torch.nn.Module, x_src: Tensor) -> bool:
+    r"""Whether :obj:`layer` aggregates :obj:`lin`'s projection of its
+    source rows instead of projecting their aggregate: exact when the
+    aggregation is linear, cheaper when the projection is narrower than the
+    rows. Distributed, the rows exchanged are then the projected ones,
+    except where they must travel as they are: the input features under a
+    feature cache or precomputed, and every layer under a stale cache
+    (which keeps features stale, never weights)."""
+    weight = lin.weight
+    if isinstance(weight, UninitializedParameter) or not isinstance(layer.aggr, str) \
+            or layer.aggr not in LINEAR_AGGREGATIONS or weight.size(0) >= x_src.size(-1):
+        return False
+    ctx = getattr(layer, "_dist_ctx", None)
+    if ctx is None:
+        return True
+    if getattr(layer, "_dist_precompute", False) and ctx.is_input_features(x_src):
+        return False
+    return not ctx.exchanges_raw(x_src)
+
+
+def _pair(x: Union[Tensor, Tuple[Tensor, OptTensor]]) -> Tuple[Tensor, OptTensor]:
+    return (x, x) if isinstance(x, Tensor) else (x[0], x[1])
+
+
+class DistSAGEConv(SAGEConv):
+    r""":class:`torch_geometric.nn.SAGEConv` that projects before it
+    aggregates when that is exact and cheaper (:func:`projects_first`):
+
+    .. math::
+        \mathbf{x}^{\prime}_i = \mathbf{W}_1 \mathbf{x}_i +
+        \mathrm{aggr}_{j \in \mathcal{N}(i)} (\mathbf{W}_2 \mathbf{x}_j)
+        + \mathbf{b}_2
+
+    which for a mean or sum aggregation equals PyG's
+    :math:`\mathbf{W}_1 \mathbf{x}_i + \mathbf{W}_2\,\mathrm{aggr}_j
+    \mathbf{x}_j + \mathbf{b}_2` (DGL's ``SAGEConv`` does the same): the
+    aggregation and, distributed, the halo exchange run on
+    :math:`\mathbf{W}_2 \mathbf{x}_j`, narrower than :math:`\mathbf{x}_j`
+    when the layer's output is. Otherwise (max, min, ``project=True``, a
+    wider output, rows that must travel untransformed) it is PyG's forward.
+    """
+
+    def forward(self, x: Union[Tensor, Tuple[Tensor, OptTensor]], edge_index: Adj,
+                size: Optional[Tuple[int, int]] = None) -> Tensor:
+        x_src, x_dst = _pair(x)
+        # Whether the rows aggregated are x (W_2 applied after), read by samplers.
+        self._dist_exchanges_raw = self.project or not projects_first(self, self.lin_l, x_src)
+        if self._dist_exchanges_raw:
+            return super().forward(x, edge_index, size)
+        out = self.propagate(edge_index, x=(F.linear(x_src, self.lin_l.weight), x_dst),
+                             size=size)
+        if self.lin_l.bias is not None:
+            out = out + self.lin_l.bias
+        if self.root_weight and x_dst is not None:
+            out = out + self.lin_r(x_dst)
+        if self.normalize:
+            out = F.normalize(out, p=2., dim=-1)
+        return out
+
+
+class DistGraphConv(GraphConv):
+    r""":class:`torch_geometric.nn.GraphConv` that projects before it
+    aggregates when that is exact and cheaper (:func:`projects_first`):
+
+    .. math::
+        \mathbf{x}^{\prime}_i = \mathbf{W}_1 \mathbf{x}_i +
+        \mathrm{aggr}_{j \in \mathcal{N}(i)} e_{j,i} (\mathbf{W}_2 \mathbf{x}_j)
+        + \mathbf{b}_2
+
+    equal to PyG's for a sum or mean aggregation; PyG's forward otherwise.
+    """
+
+    def forward(self, x: Union[Tensor, Tuple[Tensor, OptTensor]], edge_index: Adj,
+                edge_weight: OptTensor = None,
+                size: Optional[Tuple[int, int]] = None) -> Tensor:
+        x_src, x_dst = _pair(x)
+        self._dist_exchanges_raw = not projects_first(self, self.lin_rel, x_src)
+        if self._dist_exchanges_raw:
+            return super().forward(x, edge_index, edge_weight, size)
+        out = self.propagate(edge_index, x=(F.linear(x_src, self.lin_rel.weight), x_dst),
+                             edge_weight=edge_weight, size=size)
+        if self.lin_rel.bias is not None:
+            out = out + self.lin_rel.bias
+        if x_dst is not None:
+            out = out + self.lin_root(x_dst)
+        return out
+
+
+def project_first(model: torch.nn.Module) -> torch.nn.Module:
+    r"""Gives every :class:`~torch_geometric.nn.SAGEConv` and
+    :class:`~torch_geometric.nn.GraphConv` of a plain PyG :obj:`model` (one
+    trained undistributed, e.g. on the neighbour loader's batches) its
+    projecting class, in place: same parameters, ``state_dict`` and
+    results, less work where the output is narrower."""
+    for module in model.modules():
+        if type(module) is SAGEConv:
+            module.__class__ = DistSAGEConv
+        elif type(module) is GraphConv:
+            module.__class__ = DistGraphConv
+    return model
