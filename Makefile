@@ -37,3 +37,18 @@ bench-env:
 
 clean:
 	rm -rf $(VENV) runs *.egg-info
+
+# DistDGL side by side (issue 34): a separate venv (dgl 2.1.0, torch 2.2.1, numpy<2; from
+# PyPI, ~5 GB: PyPI's torch 2.2.1 is a CUDA build) outside the repository, then the benchmark
+# (as root: network and mount namespaces). `bench-dgl-quick`: a small graph, 2 epochs.
+.PHONY: bench-dgl-env bench-dgl bench-dgl-quick
+DGL_ENV ?= /work/dgl-env
+
+bench-dgl-env:
+	DGL_ENV=$(DGL_ENV) bash benchmarks/distdgl_env.sh
+
+bench-dgl: install
+	$(BIN)/python benchmarks/distdgl.py --dgl-env $(DGL_ENV)
+
+bench-dgl-quick: install
+	$(BIN)/python benchmarks/distdgl.py --dgl-env $(DGL_ENV) --quick

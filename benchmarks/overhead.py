@@ -68,9 +68,10 @@ RESULTS_1PART = osp.join(osp.dirname(RESULTS), "overhead_1part.json")
 TARGET = 1.05  # pyg_dist on 1 partition / PyG, epoch time
 
 
-def load_data(data_dir: Optional[str], num_nodes: Optional[int]):
-    from pyg_dist.datasets import load_default
-    return load_default(data_dir, **({"num_nodes": num_nodes} if num_nodes else {}))
+def load_data(data_dir: Optional[str], num_nodes: Optional[int], dataset: str = "default"):
+    from pyg_dist.datasets import load_default, load_reddit_shaped
+    load = load_reddit_shaped if dataset == "reddit-shaped" else load_default
+    return load(data_dir, **({"num_nodes": num_nodes} if num_nodes else {}))
 
 
 def isolated(fn: Callable, *args) -> Any:
@@ -82,10 +83,10 @@ def isolated(fn: Callable, *args) -> Any:
     return out, [load, os.getloadavg()[0]]
 
 
-def run_single(data_dir: Optional[str], num_nodes: Optional[int],
+def run_single(data_dir: Optional[str], num_nodes: Optional[int], dataset: str,
                config: TrainConfig) -> List[Dict[str, Any]]:
     torch.set_num_threads(os.cpu_count() or 1)
-    data = load_data(data_dir, num_nodes)
+    data = load_data(data_dir, num_nodes, dataset)
     # train_single_process() only returns the summary: capture its per-epoch
     # rows from its summarize() call.
     history, summarize = [], T.summarize
@@ -172,7 +173,7 @@ def one_partition(args, data, config: TrainConfig) -> Dict[str, Any]:
     median = lambda rows: statistics.median(r["time"] for r in rows[args.warmup:])  # noqa: E731
     pyg, dist, reps = [], [], []
     for i in range(1, args.reps + 1):
-        pyg.append(isolated(run_single, args.data_dir, args.num_nodes, config))
+        pyg.append(isolated(run_single, args.data_dir, args.num_nodes, args.dataset, config))
         dist.append(isolated(run_dist, root, config, osp.join(args.workdir, "run1"), 1))
         a, b = median(pyg[-1][0]), median(dist[-1][0])
         reps.append({"rep": i, "order": "PyG, pyg_dist", "pyg_s": a, "pyg_dist_s": b,
@@ -220,6 +221,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--num-nodes", type=int, default=None,
                         help="shrink the default graph (default: 100K nodes)")
     parser.add_argument("--data-dir", default=None, help="dataset cache directory")
+    parser.add_argument("--dataset", choices=("default", "reddit-shaped"), default="default",
+                        help="the embedded default graph, or reddit_shaped (602 features; "
+                             "--num-nodes 30000 is the DistDGL comparison's size)")
     parser.add_argument("--workdir", default="runs/bench_overhead")
     parser.add_argument("--output", default=None,
                         help="JSON results file (default results/overhead.json, "
@@ -236,8 +240,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     config = TrainConfig(model="sage", num_layers=3, hidden=args.hidden, dropout=0.5,
                          epochs=total, eval_every=total, progress=False,
                          overwrite=True)  # the workdir is scratch: reruns replace it
-    data = load_data(args.data_dir, args.num_nodes)
-    print(f"graph: {data.num_nodes:,} nodes, {data.num_edges:,} edges, "
+    data = load_data(args.data_dir, args.num_nodes, args.dataset)
+    print(f"graph ({args.dataset}): {data.num_nodes:,} nodes, {data.num_edges:,} edges, "
           f"{data.num_features} features; {os.cpu_count()} cores; "
           f"{total} epochs per run, SAGE x{config.num_layers} hidden {args.hidden}")
     machine = {"cpu_count": os.cpu_count(), "platform": platform.platform(),
@@ -259,7 +263,7 @@ def main(argv: Optional[List[str]] = None) -> None:
 def several_partitions(args, data, config: TrainConfig) -> List[Dict[str, Any]]:
     r"""PyG once, then pyg_dist on each ``--parts`` K, each a fresh process."""
     rows = [row("PyG (single process)", 1,
-                *isolated(run_single, args.data_dir, args.num_nodes, config))]
+                *isolated(run_single, args.data_dir, args.num_nodes, args.dataset, config))]
     print(f"PyG: {rows[0]['epoch_time_mean']:.3f} s/epoch")
     for k in args.parts:
         root = osp.join(args.workdir, f"parts{k}")

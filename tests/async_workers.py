@@ -30,6 +30,15 @@ def _grads(model) -> dict:
     return {k: p.grad.clone() for k, p in model.named_parameters()}
 
 
+def _pyg_order(model: torch.nn.Module) -> torch.nn.Module:
+    r"""Layers that aggregate before projecting, as the per-node schedule
+    does (see DistSAGEConv): both passes then move the same rows."""
+    for conv in model.modules():
+        if hasattr(conv, "project_first"):
+            conv.project_first = False
+    return model
+
+
 def nodes_pass(root: str, name: str, overlap, layers: int = 3, steps: int = 2,
                trace: bool = False):
     r"""``steps`` training steps of model :obj:`name` distributed with
@@ -40,6 +49,7 @@ def nodes_pass(root: str, name: str, overlap, layers: int = 3, steps: int = 2,
     torch.manual_seed(0)
     model = pyg_dist.nn.distribute(build(name, part.num_features, layers), part,
                                    overlap=overlap)
+    _pyg_order(model)
     runner = getattr(model, "dist_async", None)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
     n_id = part.n_id[:part.num_inner]
@@ -79,8 +89,8 @@ def compressed(root: str, overlap):
     gradients, bytes; and the error of a second backward (retain_graph)."""
     part = pyg_dist.DistData.load(root, dist.get_rank())
     torch.manual_seed(0)
-    model = pyg_dist.nn.distribute(build("GraphSAGE", part.num_features), part,
-                                   overlap=overlap, exchange_dtype="bf16")
+    model = _pyg_order(pyg_dist.nn.distribute(build("GraphSAGE", part.num_features), part,
+                                              overlap=overlap, exchange_dtype="bf16"))
     loss = model(part.x, part.adj_t).pow(2).sum()
     loss.backward(retain_graph=True)
     out = {"grads": _grads(model), "bytes": model.comm_stats.total_bytes_sent,
@@ -105,8 +115,8 @@ def input_gradient(root: str, overlap):
     (its halo rows' gradients return through exchange 1)."""
     part = pyg_dist.DistData.load(root, dist.get_rank())
     torch.manual_seed(0)
-    model = pyg_dist.nn.distribute(build("GraphSAGE", part.num_features), part,
-                                   overlap=overlap)
+    model = _pyg_order(pyg_dist.nn.distribute(build("GraphSAGE", part.num_features), part,
+                                              overlap=overlap))
     x = part.x.clone().requires_grad_()
     linear_loss(model(x, part.adj_t), part.n_id[:part.num_inner]).backward()
     return part.n_id[:part.num_inner], x.grad
@@ -119,7 +129,8 @@ def batch_pass(root: str, overlap, name: str = "GraphSAGE"):
     from pyg_dist.sampler import build_sampler
     part = pyg_dist.DistData.load(root, dist.get_rank())
     torch.manual_seed(0)
-    model = pyg_dist.nn.distribute(build(name, part.num_features), part, overlap=overlap)
+    model = _pyg_order(pyg_dist.nn.distribute(build(name, part.num_features), part,
+                                              overlap=overlap))
     ctx, stats = model.dist_context, model.comm_stats
     targets = torch.zeros(part.num_inner, dtype=torch.bool)
     targets[::5] = True

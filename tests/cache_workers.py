@@ -256,6 +256,7 @@ def feature_cache_checks(root: str, policy: str, capacity: str, iterations: int 
     cached_layer = pyg_dist.nn.distribute(layer, part, feature_cache=feature_cache)
     torch.manual_seed(0)
     plain = pyg_dist.nn.distribute(SAGEConv(part.num_features, 4), part)
+    plain.project_first = False  # as the cached layer, which exchanges the features as they are
     vr = build_sampler("vr", part, seed=2, rate=0.3)
     feature_cache.attach(cached_layer.dist_context, vr)
     stats, out = cached_layer.comm_stats, []

@@ -219,6 +219,8 @@ def compressed_exchange(root: str):
         torch.manual_seed(0)
         model = pyg_dist.nn.distribute(GraphSAGE(part.num_features, 16, 2, 4), part,
                                        exchange_dtype=dtype)
+        for conv in model.convs:  # rows of 12 and 16 (not 4, projected): the codecs' widths
+            conv.project_first = False
         y = model(part.x, part.adj_t)
         y.pow(2).sum().backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters()])

@@ -49,9 +49,10 @@ def test_broadcast_moves_whole_blocks(both, graph):
     the :math:`P - 1` others and receives theirs; backward, it sends a dense
     gradient of every other block and receives :math:`P - 1` of its own
     (the input features need no gradient). The halo exchange moves the
-    halo rows only, fewer. Where a layer's output is narrower than its
-    input (12 -> 8, 8 -> 5) the rows travel projected (DistSAGEConv)."""
-    widths = {"convs.0.x": 8, "convs.1.x": 8, "convs.2.x": 5}
+    halo rows only, fewer. The last layer's rows travel projected (8 -> 5,
+    DistSAGEConv); the first layer's input features need no gradient, so
+    projecting them (12 -> 8, and 8 back) would move more."""
+    widths = {"convs.0.x": graph.num_features, "convs.1.x": 8, "convs.2.x": 5}
     for r in both:
         n, total, world = r["num_inner"], sum(r["sizes"]), len(r["sizes"])
         sent, recv = r["GraphSAGE", "broadcast"]["sent"], r["GraphSAGE", "broadcast"]["recv"]

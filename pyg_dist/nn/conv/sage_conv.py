@@ -15,18 +15,28 @@ LINEAR_AGGREGATIONS = ("mean", "sum", "add")
 def projects_first(layer, lin: torch.nn.Module, x_src: Tensor) -> bool:
     r"""Whether :obj:`layer` aggregates :obj:`lin`'s projection of its
     source rows instead of projecting their aggregate: exact when the
-    aggregation is linear, cheaper when the projection is narrower than the
-    rows. Distributed, the rows exchanged are then the projected ones,
+    aggregation is linear, cheaper when fewer columns are aggregated (and
+    exchanged) over forward and backward: the projection's width
+    :math:`d_{out}` when the rows already need a gradient, else
+    :math:`2 d_{out}` (their gradient now travels back too), against the
+    rows' :math:`d_{in}`. Distributed, the rows exchanged are then the projected ones,
     except where they must travel as they are: the input features under a
-    feature cache or precomputed, and every layer under a stale cache
-    (which keeps features stale, never weights)."""
+    feature cache or precomputed, every layer under a stale cache (which
+    keeps features stale, never weights), and under ``overlap="nodes"``
+    (the per-node schedule computes PyG's order). A layer whose
+    ``project_first`` is ``False`` always computes PyG's order."""
     weight = lin.weight
-    if isinstance(weight, UninitializedParameter) or not isinstance(layer.aggr, str) \
-            or layer.aggr not in LINEAR_AGGREGATIONS or weight.size(0) >= x_src.size(-1):
+    if not layer.project_first or isinstance(weight, UninitializedParameter) \
+            or not isinstance(layer.aggr, str) or layer.aggr not in LINEAR_AGGREGATIONS:
+        return False
+    directions = 1 if x_src.requires_grad or not torch.is_grad_enabled() else 2
+    if directions * weight.size(0) >= x_src.size(-1):
         return False
     ctx = getattr(layer, "_dist_ctx", None)
     if ctx is None:
         return True
+    if ctx.overlap == "nodes":
+        return False
     if getattr(layer, "_dist_precompute", False) and ctx.is_input_features(x_src):
         return False
     return not ctx.exchanges_raw(x_src)
@@ -53,6 +63,8 @@ class DistSAGEConv(SAGEConv):
     when the layer's output is. Otherwise (max, min, ``project=True``, a
     wider output, rows that must travel untransformed) it is PyG's forward.
     """
+    #: Set ``False`` on a layer to keep PyG's order everywhere.
+    project_first = True
 
     def forward(self, x: Union[Tensor, Tuple[Tensor, OptTensor]], edge_index: Adj,
                 size: Optional[Tuple[int, int]] = None) -> Tensor:
@@ -83,6 +95,7 @@ class DistGraphConv(GraphConv):
 
     equal to PyG's for a sum or mean aggregation; PyG's forward otherwise.
     """
+    project_first = True
 
     def forward(self, x: Union[Tensor, Tuple[Tensor, OptTensor]], edge_index: Adj,
                 edge_weight: OptTensor = None,
