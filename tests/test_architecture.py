@@ -108,14 +108,19 @@ def test_no_private_name_crosses_a_package():
     assert not crossing, crossing
 
 
-def _doc_loader():
-    r"""The worked loader example of docs/architecture.md, executed."""
+def _doc_example(name: str):
+    r"""The worked example of docs/architecture.md that defines class
+    :obj:`name`, executed; returns the class."""
     text = open(osp.join(osp.dirname(ROOT), "docs", "architecture.md")).read()
     blocks = text.split("```python\n")[1:]
-    (source, ) = [b.split("```")[0] for b in blocks if "class SplitEpochLoader" in b]
+    (source, ) = [b.split("```")[0] for b in blocks if f"class {name}" in b]
     namespace: dict = {}
     exec(source, namespace)
-    return namespace["SplitEpochLoader"]
+    return namespace[name]
+
+
+def _doc_loader():
+    return _doc_example("SplitEpochLoader")
 
 
 def train_with_doc_loader(root: str, loader: str, steps: int):
@@ -150,13 +155,7 @@ def test_documented_loader_is_one_file_and_one_registry_line(graph, tmp_path, mo
 
 
 def _doc_exchange():
-    r"""The worked exchange example of docs/architecture.md, executed."""
-    text = open(osp.join(osp.dirname(ROOT), "docs", "architecture.md")).read()
-    blocks = text.split("```python\n")[1:]
-    (source, ) = [b.split("```")[0] for b in blocks if "class CollectiveExchange" in b]
-    namespace: dict = {}
-    exec(source, namespace)
-    return namespace["CollectiveExchange"]
+    return _doc_example("CollectiveExchange")
 
 
 def train_with_doc_exchange(root: str, exchange: str):
