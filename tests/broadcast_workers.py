@@ -35,6 +35,8 @@ def both_exchanges(root: str, seed: int = 0):
         torch.manual_seed(seed)
         model = pyg_dist.nn.distribute(build_model("GraphSAGE", part.num_features), part,
                                        exchange=exchange, exchange_dtype="bf16")
+        for conv in model.convs:  # the same rows on both exchanges: the layers' inputs
+            conv.project_first = False
         out = model(part.x, part.adj_t)
         linear_loss(out, part.n_id[:part.num_inner]).backward()
         grads = summed_grads(model)

@@ -22,8 +22,9 @@ def projects_first(layer, lin: torch.nn.Module, x_src: Tensor) -> bool:
     rows' :math:`d_{in}`. Distributed, the rows exchanged are then the projected ones,
     except where they must travel as they are: the input features under a
     feature cache or precomputed, every layer under a stale cache (which
-    keeps features stale, never weights), and under ``overlap="nodes"``
-    (the per-node schedule computes PyG's order). A layer whose
+    keeps features stale, never weights), under ``overlap="nodes"`` (the
+    per-node schedule computes PyG's order) and on whole-block exchanges
+    (CAGNET's blocks are the layer's input, as SANCUS's stale blocks are). A layer whose
     ``project_first`` is ``False`` always computes PyG's order."""
     weight = lin.weight
     if not layer.project_first or isinstance(weight, UninitializedParameter) \
@@ -35,7 +36,7 @@ def projects_first(layer, lin: torch.nn.Module, x_src: Tensor) -> bool:
     ctx = getattr(layer, "_dist_ctx", None)
     if ctx is None:
         return True
-    if ctx.overlap == "nodes":
+    if ctx.overlap == "nodes" or ctx.exchange.whole_blocks:
         return False
     if getattr(layer, "_dist_precompute", False) and ctx.is_input_features(x_src):
         return False
