@@ -252,17 +252,16 @@ FORKSERVER_PRELOAD = ("torch", "torch_geometric")
 #: per rank, as on other systems).
 START_METHOD_ENV = "PYG_DIST_START_METHOD"
 
-_forkserver_lock = threading.Lock()
+_forkserver_lock = threading.Lock()  # held while ranks start
 # The forkserver this process started: owner (this process' pid), pid, state
-# (see _start_state, at its start), fit (to fork ranks), users (spawn() calls
-# whose ranks fork from it now).
-_forkserver: Dict[str, Any] = {"users": 0}
+# (see _start_state, at its start), fit (to fork ranks).
+_forkserver: Dict[str, Any] = {}
 
 
-def _rank_context() -> Tuple[Any, int]:
-    r"""The multiprocessing context :func:`spawn` starts ranks with, and the
-    pid the ranks' parent will have (see :func:`die_with_parent`); hand it
-    back with :func:`_release_context` once the ranks are gone.
+@contextmanager
+def _rank_context() -> Iterator[Tuple[Any, int]]:
+    r"""The multiprocessing context to start ranks with inside, and the pid
+    the ranks' parent will have (see :func:`die_with_parent`).
 
     On Linux that is a forkserver with torch and PyG imported
     (:data:`FORKSERVER_PRELOAD`), started by the first call, that runs one
@@ -279,22 +278,14 @@ def _rank_context() -> Tuple[Any, int]:
         raise ValueError(f"{START_METHOD_ENV} must be 'forkserver' or 'spawn' (got '{method}')")
     spawn_ctx = torch.multiprocessing.get_context("spawn")
     if method == "spawn" or not sys.platform.startswith("linux"):
-        return spawn_ctx, os.getpid()
-    with _forkserver_lock:
+        yield spawn_ctx, os.getpid()
+        return
+    with _forkserver_lock:  # no forkserver is replaced while ranks start from it
         try:
             found = _forkserver_context()
         except (AttributeError, ImportError, OSError, ValueError):  # not this Python's forkserver
             found = None
-        if found is None:
-            return spawn_ctx, os.getpid()
-        _forkserver["users"] += 1
-        return found
-
-
-def _release_context(ctx) -> None:
-    if ctx.get_start_method() == "forkserver":
-        with _forkserver_lock:
-            _forkserver["users"] -= 1
+        yield found or (spawn_ctx, os.getpid())
 
 
 def _forkserver_context() -> Optional[Tuple[Any, int]]:
@@ -321,7 +312,7 @@ def _retire_forkserver(server) -> bool:
     r"""Ends the forkserver this process started, unless a process forked
     from it runs (a rank of a :func:`spawn` under way, or another user's)."""
     pid = _forkserver["pid"]
-    if _forkserver["users"] or _child_processes(pid):
+    if _child_processes(pid):
         return False
     os.kill(pid, signal.SIGKILL)
     server._stop()  # closes this process' end of its "alive" pipe and reaps it
@@ -667,8 +658,7 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
         raise ValueError(f"nprocs must be a whole number >= 1 (got {nprocs!r})")
     nprocs = int(nprocs)
     call = dumps(fn, f"'{getattr(fn, '__qualname__', fn)}'")
-    ctx, parent = _rank_context()
-    try:
+    with _rank_context() as (ctx, parent):
         results = ctx.Queue()
         port = free_port()
         threads = threads or rank_threads(nprocs)
@@ -699,58 +689,54 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
                 if (any(p.pid is not None for p in procs) or caller is None
                         or "too many fds" not in str(e)):
                     raise
-                _release_context(ctx)
                 ctx, parent = torch.multiprocessing.get_context("spawn"), os.getpid()
                 results = ctx.Queue()
-        outcome: dict = {}
-        failed: List[int] = []  # ranks in the order their failure was seen
-        stopping = _ForwardedStop(procs)
-        deadline = None if join_timeout is None else time.monotonic() + join_timeout
-        failed_at = None
-        watchdog = False  # the other ranks' grace after the first failure ran out
-        stopped: dict = {}  # rank -> since when it is seen stopped
-        try:
-            while len(outcome) < nprocs:
-                now = time.monotonic()
-                if deadline is not None and now > deadline:
-                    break
-                # A stop forwarded before the failure gives every rank time to
-                # checkpoint (below); otherwise the run has failed: no waiting
-                # for the collective timeout.
-                if (failed_at is not None and now - failed_at > FAILURE_GRACE
-                        and (stopping.since is None or stopping.since > failed_at)):
-                    watchdog = True
-                    break
-                if stopping.since is not None and now - stopping.since > timeout + STOP_GRACE:
-                    break  # the ranks had their chance to checkpoint and stop
-                try:
-                    rank, ok, payload = results.get(timeout=0.2)
-                    outcome[rank] = (ok, payload)
-                except queue.Empty:
-                    pass
-                for r, p in enumerate(procs):
-                    fate = None if r in outcome else silent_failure(
-                        r, p, stopped, min(timeout, STOPPED_GRACE), now, results.empty())
-                    if fate is not None:
-                        outcome[r] = (False, fate)
-                failed += [r for r, (ok, _) in outcome.items() if not ok and r not in failed]
-                if failed_at is None and failed:
-                    failed_at = time.monotonic()
-        finally:
-            stopping.restore()
-            for p in procs:
-                if p.is_alive() and (watchdog or is_stopped(p.pid)):  # had its grace / cannot
-                    p.kill()                                         # act on SIGTERM
-                p.join(timeout=1)
-                if p.is_alive():
-                    p.terminate()
-                    p.join(timeout=5)
-                if p.is_alive():  # stopped (SIGSTOP) or ignoring SIGTERM
-                    p.kill()
-                    p.join()
+    outcome: dict = {}
+    failed: List[int] = []  # ranks in the order their failure was seen
+    stopping = _ForwardedStop(procs)
+    deadline = None if join_timeout is None else time.monotonic() + join_timeout
+    failed_at = None
+    watchdog = False  # the other ranks' grace after the first failure ran out
+    stopped: dict = {}  # rank -> since when it is seen stopped
+    try:
+        while len(outcome) < nprocs:
+            now = time.monotonic()
+            if deadline is not None and now > deadline:
+                break
+            # A stop forwarded before the failure gives every rank time to
+            # checkpoint (below); otherwise the run has failed: no waiting
+            # for the collective timeout.
+            if (failed_at is not None and now - failed_at > FAILURE_GRACE
+                    and (stopping.since is None or stopping.since > failed_at)):
+                watchdog = True
+                break
+            if stopping.since is not None and now - stopping.since > timeout + STOP_GRACE:
+                break  # the ranks had their chance to checkpoint and stop
+            try:
+                rank, ok, payload = results.get(timeout=0.2)
+                outcome[rank] = (ok, payload)
+            except queue.Empty:
+                pass
+            for r, p in enumerate(procs):
+                fate = None if r in outcome else silent_failure(
+                    r, p, stopped, min(timeout, STOPPED_GRACE), now, results.empty())
+                if fate is not None:
+                    outcome[r] = (False, fate)
+            failed += [r for r, (ok, _) in outcome.items() if not ok and r not in failed]
+            if failed_at is None and failed:
+                failed_at = time.monotonic()
     finally:
-        _release_context(ctx)
-
+        stopping.restore()
+        for p in procs:
+            if p.is_alive() and (watchdog or is_stopped(p.pid)):  # had its grace / cannot
+                p.kill()                                         # act on SIGTERM
+            p.join(timeout=1)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+            if p.is_alive():  # stopped (SIGSTOP) or ignoring SIGTERM
+                p.kill()
+                p.join()
     missing = [r for r in range(nprocs) if r not in outcome]
     errors = {r: msg.strip() for r, (ok, msg) in outcome.items() if not ok}
     if stopping.signum == signal.SIGINT and not (errors or missing):

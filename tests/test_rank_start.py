@@ -4,10 +4,12 @@ environment, stdout and stderr as they are now, its thread share, numpy
 random numbers of its own); a fresh interpreter where the forkserver cannot
 give that. Dying with the launcher, signals and stopped ranks:
 tests/test_failures.py."""
+import multiprocessing
 import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -63,8 +65,8 @@ def test_a_changed_environment_reaches_the_ranks(monkeypatch):
     r"""A variable set after the forkserver started (a library imported
     since may set some): the forkserver's libraries read the old value when
     they were imported, so a new forkserver replaces it; not while a process
-    forked from it runs (a rank of another spawn() under way): then fresh
-    interpreters."""
+    forked from it runs (a rank of another spawn() under way, another
+    user's process): then fresh interpreters."""
     pyg_dist.spawn(_facts, 1)
     first = distributed._forkserver["pid"]
     monkeypatch.setenv("PYG_DIST_TEST_START", "changed")
@@ -73,12 +75,17 @@ def test_a_changed_environment_reaches_the_ranks(monkeypatch):
     assert second != first and not os.path.exists(f"/proc/{first}")
     assert [f["env"] for f in facts] == ["changed"] * 2
     assert [f["ppid"] for f in facts] == [second] * 2
-    monkeypatch.setattr(distributed, "_forkserver", dict(distributed._forkserver, users=1))
-    monkeypatch.delenv("PYG_DIST_TEST_START")
-    facts = pyg_dist.spawn(_facts, 2)  # "another spawn under way": not replaced
-    assert [f["ppid"] for f in facts] == [os.getpid()] * 2  # fresh interpreters
-    assert [f["env"] for f in facts] == [None, None]
-    assert distributed._forkserver["pid"] == second
+    other = multiprocessing.get_context("forkserver").Process(target=time.sleep, args=(60, ))
+    other.start()  # another process forked from it runs: it stays
+    try:
+        monkeypatch.delenv("PYG_DIST_TEST_START")
+        facts = pyg_dist.spawn(_facts, 2)
+        assert [f["ppid"] for f in facts] == [os.getpid()] * 2  # fresh interpreters
+        assert [f["env"] for f in facts] == [None, None]
+        assert distributed._forkserver["pid"] == second and other.is_alive()
+    finally:
+        other.kill()
+        other.join()
 
 
 def test_start_method_spawn_is_a_fresh_interpreter_per_rank(monkeypatch):
