@@ -1,10 +1,18 @@
-"""The console script end to end: partition, info, train with spawned ranks."""
+"""The console script end to end: partition, info, train with spawned ranks.
+The real console script, a process of its own, where the process is the
+point (its exit status, torchrun); elsewhere its main() in this process
+(:func:`cli`), whose ranks fork from this process' forkserver instead of
+each run importing torch and PyG anew. Signals: tests/test_failures.py."""
 import json
 import os
+import random
 import subprocess
 import sys
+import warnings
 
+import numpy as np
 import pytest
+import torch
 
 METRIC_KEYS = {"epoch", "loss", "train_acc", "val_acc", "test_acc", "time",
                "time_compute", "time_comm", "time_reduce", "time_sample", "bytes_sent",
@@ -17,22 +25,58 @@ def run(*args, check=True):
                           capture_output=True, text=True, timeout=300, check=check)
 
 
-def test_partition_info_train(tmp_path):
+@pytest.fixture
+def cli(capfd):
+    r"""``pyg-dist ARGS`` as :func:`run` runs it, in this process: its exit
+    status and what it and its ranks wrote to file descriptors 1 and 2;
+    warnings ignored, as ``PYTHONWARNINGS=ignore`` does in :func:`run`; this
+    process' threads and random states as they were."""
+    from pyg_dist.cli import main
+
+    def call(*args, check=True):
+        capfd.readouterr()
+        threads, states = torch.get_num_threads(), (torch.get_rng_state(),
+                                                    np.random.get_state(), random.getstate())
+        code = 0
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                main(list(args))
+        except SystemExit as e:  # as the interpreter ends with it
+            if isinstance(e.code, str):
+                print(e.code, file=sys.stderr)
+            code = e.code if isinstance(e.code, int) else int(e.code is not None)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            torch.set_num_threads(threads)
+            torch.set_rng_state(states[0])
+            np.random.set_state(states[1])
+            random.setstate(states[2])
+        out, err = capfd.readouterr()
+        done = subprocess.CompletedProcess(["pyg-dist", *args], code, out, err)
+        if check:
+            done.check_returncode()
+        return done
+    return call
+
+
+def test_partition_info_train(tmp_path, cli):
     root, out = str(tmp_path / "parts"), str(tmp_path / "run")
-    p = run("partition", "--num-nodes", "3000", "--num-parts", "2", "--root", root,
+    p = cli("partition", "--num-nodes", "3000", "--num-parts", "2", "--root", root,
             "--data-dir", str(tmp_path / "data"))
     assert "halo/inner" in p.stdout and "edge_cut" in p.stdout
-    assert "comm_volume" in run("info", root).stdout
-    run("train", "--root", root, "--out", out, "--epochs", "2", "--hidden", "16",
+    assert "comm_volume" in cli("info", root).stdout
+    cli("train", "--root", root, "--out", out, "--epochs", "2", "--hidden", "16",
         "--no-progress", "--model", "gcn", "--checkpoint-every", "1")
     assert {"curves.png", "time_breakdown.png", "memory.png"} <= set(os.listdir(out))
-    run("train", "--root", root, "--out", out, "--epochs", "3", "--hidden", "16",
+    cli("train", "--root", root, "--out", out, "--epochs", "3", "--hidden", "16",
         "--no-progress", "--model", "gcn", "--resume")
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert [r["epoch"] for r in rows] == [1, 2, 3]
     assert len(rows[-1]["peak_mem_per_rank"]) == 2
     pred = str(tmp_path / "pred")
-    run("predict", "--root", root, "--model-dir", out, "--out", pred)
+    cli("predict", "--root", root, "--model-dir", out, "--out", pred)
     assert sorted(os.listdir(pred)) == ["pred_0.pt", "pred_1.pt", "predictions.json"]
     assert all(METRIC_KEYS <= set(r) for r in rows)
     assert rows[-1]["world_size"] == 2 and rows[-1]["bytes_sent"] > 0
@@ -114,21 +158,21 @@ def test_torchrun(tmp_path):
     assert config["precompute_layer0"]
 
 
-def test_cohesive_batches_end_to_end(tmp_path):
+def test_cohesive_batches_end_to_end(tmp_path, cli):
     root, out = str(tmp_path / "parts"), str(tmp_path / "run")
-    p = run("partition", "--num-nodes", "2000", "--num-parts", "2", "--root", root,
+    p = cli("partition", "--num-nodes", "2000", "--num-parts", "2", "--root", root,
             "--data-dir", str(tmp_path / "data"), "--num-batches", "4", "--balance-batches")
     assert "cohesive batches" in p.stdout and "below random batches" in p.stdout
     assert "balanced batch parts" in p.stdout
-    run("train", "--root", root, "--out", out, "--epochs", "3", "--hidden", "16",
+    cli("train", "--root", root, "--out", out, "--epochs", "3", "--hidden", "16",
         "--no-progress", "--loader", "cohesive", "--overlap", "--sampler", "bns", "--p", "0.5")
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert len(rows) == 3 and rows[-1]["loss"] < rows[0]["loss"]
-    p = run("train", "--root", root, "--loader", "cohesive", "--staleness", "1", check=False)
+    p = cli("train", "--root", root, "--loader", "cohesive", "--staleness", "1", check=False)
     assert p.returncode != 0 and "do not combine" in p.stderr
 
 
-def test_cohesive_batches_cost_model(tmp_path):
+def test_cohesive_batches_cost_model(tmp_path, cli):
     r"""``partition --num-batches`` measures CM-GCN's cost constants here for
     the model that will train (or takes a ``calibrate`` file), stores them
     with the batches and prints them; ``--balance-rule greedy``."""
@@ -137,14 +181,14 @@ def test_cohesive_batches_cost_model(tmp_path):
     root = str(tmp_path / "parts")
     common = ("partition", "--num-nodes", "1000", "--num-parts", "2", "--root", root,
               "--data-dir", str(tmp_path / "data"), "--num-batches", "3")
-    p = run(*common, "--hidden", "24", "--batch-layers", "2", "--model", "gcn")
+    p = cli(*common, "--hidden", "24", "--batch-layers", "2", "--model", "gcn")
     cost = load_batch_cost(root)
     assert list(cost.dims[1:-1]) == [24] and cost.num_layers == 2
     assert cost.measured["model"] == "gcn" and cost.measured["threads"] == rank_threads(2)
     assert f"alpha/beta {cost.alpha / cost.beta:.3g}" in p.stdout
     constants = str(tmp_path / "measured_elsewhere.json")
-    run("calibrate", "--out", constants, "--threads", "1", "--hidden", "16")
-    p = run(*common, "--cost-constants", constants, "--balance-batches",
+    cli("calibrate", "--out", constants, "--threads", "1", "--hidden", "16")
+    p = cli(*common, "--cost-constants", constants, "--balance-batches",
             "--balance-rule", "greedy")
     saved, cost = json.load(open(constants)), load_batch_cost(root)
     assert all(getattr(cost, k) == saved[k] for k in ("alpha", "beta", "gamma", "eta", "lam"))
@@ -177,11 +221,11 @@ def test_bad_cost_model_flags_are_refused(tmp_path, args, message, capsys):
     assert not root.exists()  # nothing was partitioned
 
 
-def test_neighbor_loader_end_to_end(tmp_path):
+def test_neighbor_loader_end_to_end(tmp_path, cli):
     root, out = str(tmp_path / "parts"), str(tmp_path / "run")
-    run("partition", "--num-nodes", "2000", "--num-parts", "2", "--root", root,
+    cli("partition", "--num-nodes", "2000", "--num-parts", "2", "--root", root,
         "--data-dir", str(tmp_path / "data"), "--method", "block")
-    run("train", "--root", root, "--out", out, "--epochs", "3", "--hidden", "16",
+    cli("train", "--root", root, "--out", out, "--epochs", "3", "--hidden", "16",
         "--no-progress", "--loader", "neighbor", "--fanout", "10,5,5", "--batch-size", "16",
         "--sampler-workers", "2", "--feature-cache", "degree")
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]

@@ -131,6 +131,36 @@ def _children(pid: int):
     return found
 
 
+def _descendants(pid: int):
+    r"""Every process below :obj:`pid`: its children, theirs, and so on."""
+    found, todo = [], [pid]
+    while todo:
+        children = _children(todo.pop())
+        found += children
+        todo += children
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _ranks(launcher: int):
+    r"""The ranks :obj:`launcher` started: its children running
+    ``multiprocessing.spawn``, or the children of its forkserver."""
+    ranks = []
+    for child in _children(launcher):
+        if "spawn_main" in _cmdline(child):
+            ranks.append(child)
+        elif "multiprocessing.forkserver" in _cmdline(child):
+            ranks += _children(child)
+    return sorted(ranks)
+
+
 def _alive(pid: int) -> bool:
     try:
         state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
@@ -141,7 +171,8 @@ def _alive(pid: int) -> bool:
 
 def test_ranks_die_with_their_launcher(graph, tmp_path):
     r"""`pyg-dist train` is killed outright (SIGKILL: no handler runs): its
-    ranks follow within seconds, none keeps training as an orphan (SIGTERM:
+    ranks follow within seconds, the running one and one stopped (SIGSTOP:
+    no code of its own runs), none keeps training as an orphan (SIGTERM:
     see the next test)."""
     root, out = str(tmp_path / "parts"), str(tmp_path / "run")
     pyg_dist.partition_graph(graph, 2, root=root)
@@ -155,9 +186,13 @@ def test_ranks_die_with_their_launcher(graph, tmp_path):
     while not (os.path.exists(metrics) and os.path.getsize(metrics)):
         assert time.monotonic() < deadline and launcher.poll() is None
         time.sleep(0.2)
-    ranks = _children(launcher.pid)
-    assert ranks
-    launcher.send_signal(signal.SIGKILL)
+    ranks = _descendants(launcher.pid)  # the ranks, and a forkserver if they fork from one
+    assert len(_ranks(launcher.pid)) == 2 and set(_ranks(launcher.pid)) <= set(ranks)
+    stopped = _ranks(launcher.pid)[1]
+    os.kill(stopped, signal.SIGSTOP)
+    while open(f"/proc/{stopped}/stat").read().rsplit(")", 1)[1].split()[0] not in "Tt":
+        time.sleep(0.05)
+    launcher.send_signal(signal.SIGKILL)  # before its STOPPED_GRACE would kill the rank
     launcher.wait(timeout=30)
     deadline = time.monotonic() + 10
     while any(_alive(r) for r in ranks) and time.monotonic() < deadline:
@@ -301,8 +336,8 @@ def test_killed_rank_of_a_cli_run_is_two_lines_without_warnings(tmp_path):
     log's name, no C++ frames of the lost store and no torch warnings."""
     launcher = _cli_training_on_2_parts(
         tmp_path, {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"})
-    ranks = sorted(p for p in _children(launcher.pid)
-                   if "spawn_main" in open(f"/proc/{p}/cmdline").read())
+    ranks = _ranks(launcher.pid)
+    assert len(ranks) == 2
     os.kill(ranks[0], signal.SIGKILL)
     _, err = launcher.communicate(timeout=60)
     lines = err.strip().splitlines()
