@@ -1,7 +1,12 @@
+import os.path as osp
+
 import pytest
 import torch
 
 from pyg_dist.datasets import synthetic_communities
+
+#: The repository's root folder.
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
 def small_graph(num_nodes: int = 240, seed: int = 0, directed: bool = False):

@@ -9,7 +9,8 @@ import textwrap
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.conftest import REPO
+
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 import netem  # noqa: E402
 

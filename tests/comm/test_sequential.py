@@ -1,0 +1,176 @@
+"""The sequential exchange (SAR) on real gloo worlds of 2 and 3 ranks:
+every layer it accepts equals single-process PyG (outputs and weight
+gradients over two SGD steps), on METIS and random partitions, through
+``edge_index`` and ``adj_t``; it moves each halo row forward twice (the
+backward re-fetches it) and its gradient once; it composes with a codec
+and a BNS plan; what it cannot compute exactly is refused."""
+import pytest
+import torch
+from torch_geometric.utils import to_torch_csr_tensor
+
+import pyg_dist
+from tests.comm import sequential_workers as workers
+from tests.conftest import small_graph
+from tests.numeric import assert_fp32_close, assert_params_close, assert_scalar_close
+
+
+def _graph():
+    data = small_graph()
+    gen = torch.Generator().manual_seed(5)
+    data.edge_attr = torch.randn(data.num_edges, workers.EDGE_DIM, generator=gen)
+    return data
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return _graph()
+
+
+@pytest.fixture(scope="module")
+def reference(graph):
+    r"""Single-process PyG, per layer and form."""
+    data = graph.clone()
+    data.adj_t = to_torch_csr_tensor(data.edge_index.flip(0), size=(data.num_nodes, ) * 2)
+    n_id = torch.arange(data.num_nodes)
+    return {(name, form): workers.train_steps(workers.build(name, data.num_features), name,
+                                              data.x, data[form], data.edge_attr, n_id)
+            for name in workers.LAYERS for form in workers.forms(name)}
+
+
+def _parts(graph, tmp_path_factory, world: int):
+    roots = []
+    for method in ("metis", "random"):
+        root = str(tmp_path_factory.mktemp(f"seq_{method}{world}"))
+        pyg_dist.partition_graph(graph, world, method=method, root=root)
+        roots.append(root)
+    return roots
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2ranks", "3ranks"])
+def world_results(request, graph, tmp_path_factory):
+    roots = _parts(graph, tmp_path_factory, request.param)
+    return roots, pyg_dist.spawn(workers.every_layer, request.param, (roots, ), timeout=300)
+
+
+def test_every_accepted_layer_matches_pyg(world_results, reference):
+    r"""Outputs and summed gradients of both SGD steps, for every layer of
+    :data:`~pyg_dist.nn.spec.LAYERS` marked ``sequential`` (SAGE with mean, max
+    and sum, GraphConv with min, GAT with and without edge features)."""
+    roots, ranks = world_results
+    for root in roots:
+        n_id = torch.cat([r[root, "n_id"] for r in ranks])
+        for name in workers.LAYERS:
+            for form in workers.forms(name):
+                for step, (out, grads) in enumerate(reference[name, form]):
+                    got = torch.cat([r[root, name, form][step][0] for r in ranks])
+                    what = f"{name} on {form}, {root.rsplit('/', 1)[-1]}, step {step}"
+                    assert_fp32_close(got, out[n_id], msg=f"{what}: outputs")
+                    assert_params_close(ranks[0][root, name, form][step][1], grads,
+                                        msg=f"{what}: grad")
+
+
+def test_the_accepted_classes_are_the_tested_ones():
+    from pyg_dist.nn.spec import layer_names
+    tested = {name.split("(")[0] for name in workers.LAYERS}
+    assert tested == layer_names(sequential=True)
+
+
+@pytest.fixture(scope="module")
+def composed(graph, tmp_path_factory):
+    root = _parts(graph, tmp_path_factory, 3)[1]  # random: a large halo
+    return pyg_dist.spawn(workers.bytes_and_composition, 3, (root, ), timeout=120)
+
+
+def test_rows_travel_twice_and_gradients_once(composed):
+    r"""Per layer, the sequential exchange sends the halo exchange's rows in
+    the forward pass and again in the backward (rematerialisation), and
+    the same gradients back; layer 0's input needs no gradient, so its rows
+    are not re-fetched."""
+    for r in composed:
+        halo_sent, halo_recv = composed_bytes(r, "halo")
+        seq_sent, seq_recv = composed_bytes(r, "sequential")
+        assert seq_sent["first.x"] == halo_sent["first.x"]
+        assert seq_recv["first.x"] == halo_recv["first.x"]
+        assert "first.x.refetch" not in seq_sent and "first.x.grad" not in seq_sent
+        for key in ("second.x", "second.x.grad"):
+            assert seq_sent[key] == halo_sent[key] > 0 and seq_recv[key] == halo_recv[key]
+        assert seq_sent["second.x.refetch"] == halo_sent["second.x"]
+
+
+def composed_bytes(result, exchange):
+    return result[exchange, "fp32"][2], result[exchange, "fp32"][3]
+
+
+def test_composes_with_a_codec_a_sampler_and_overlap(composed):
+    r"""bf16 rows, a BNS plan (mean and max aggregation; p = 0, where no
+    peer sends anything) and the next
+    peer's rows fetched ahead (``overlap=True``): the same outputs and
+    gradients as the halo exchange given the same rows."""
+    for r in composed:
+        for name in ("GATConv", "GINConv"):
+            for step, (seq, halo) in enumerate(zip(r["sequential", "overlap", name],
+                                                   r["halo", "overlap", name])):
+                assert_fp32_close(seq[0], halo[0], msg=f"{name} overlap step {step}: outputs")
+                assert_params_close(seq[1], halo[1], msg=f"{name} overlap step {step}: grads")
+        out, grads, sent, _ = r["sequential", "bf16"]
+        assert_fp32_close(out, r["halo", "bf16"][0], msg="bf16 outputs")
+        assert_params_close(grads, r["halo", "bf16"][1], msg="bf16 grads")
+        assert 2 * sent["second.x"] == r["sequential", "fp32"][2]["second.x"]
+        for aggr, p in (("mean", 0.5), ("max", 0.5), ("mean", 0.0)):
+            (y, g) = r["sequential", "bns", aggr, p]
+            (y_halo, g_halo) = r["halo", "bns", aggr, p]
+            assert_fp32_close(y, y_halo, msg=f"BNS p={p} {aggr} outputs")
+            assert_params_close(g, g_halo, msg=f"BNS p={p} {aggr} grads")
+
+
+def test_refused_before_any_work(graph, tmp_path_factory):
+    r"""Layers whose aggregation does not decompose or that are not verified,
+    a user's layer whose update would run once per piece, attention weights
+    (no piece holds a whole neighbourhood), stale caches, overlap='nodes'
+    and the feature cache: each refused with its reason."""
+    root = _parts(graph, tmp_path_factory, 2)[0]
+    out = pyg_dist.spawn(workers.refusals, 2, (root, ), timeout=120)[0]
+    assert "PNAConv" in out["PNAConv"][1] and "not among the layers verified" in out["PNAConv"][1]
+    assert out["APPNP"][0] == "NotImplementedError"
+    assert "does not decompose" in out["SAGEConv(std)"][1]
+    assert "does not run on exchange='sequential'" in out["pipeline"][1]
+    assert "overrides update or aggregate" in out["Biased"][1]
+    assert "returns no attention weights" in out["attention weights"][1]
+    assert out["overlap"][0] == "ValueError" and "runs on exchange='halo'" in out["overlap"][1]
+    assert out["feature_cache"][0] == "ValueError"
+    assert "exchange='sequential'" in out["feature_cache"][1]
+
+
+def test_training_matches_pyg(graph, tmp_path):
+    r"""``train()`` with ``--exchange sequential``: the trained parameters
+    and the final loss equal single-process PyG's (GCN, so its whole-graph
+    normalisation is covered, through the trainer's own loop)."""
+    from pyg_dist.config import TrainConfig
+    from pyg_dist.train import load_model, train_single_process
+    from tests.comm.broadcast_workers import train_rank
+    root, out = str(tmp_path / "parts"), str(tmp_path / "run")
+    pyg_dist.partition_graph(graph, 2, root=root)
+    config = TrainConfig(model="gcn", num_layers=2, hidden=16, dropout=0.0, epochs=4,
+                         progress=False, exchange="sequential")
+    summary = pyg_dist.spawn(train_rank, 2, (root, config, out), timeout=120)[0]
+    reference, ref_model = train_single_process(graph, config)
+    assert_params_close(dict(load_model(out).named_parameters()),
+                        dict(ref_model.named_parameters()), msg="parameter")
+    assert_scalar_close(summary["final_loss"], reference["final_loss"], msg="final loss")
+    assert summary["config"]["exchange"] == "sequential"
+
+
+def test_config_refusals():
+    r"""What the sequential exchange cannot run with is refused when the
+    configuration is validated, before any work."""
+    from pyg_dist.config import TrainConfig
+    for kwargs, word in ((dict(sampler="vr"), "sampler='vr'"),
+                         (dict(loader="cohesive"), "loader='cohesive'"),
+                         (dict(cache="pipeline"), "cache='pipeline'"),
+                         (dict(cache="historical"), "cache='historical'"),
+                         (dict(feature_cache="degree"), "feature_cache='degree'"),
+                         (dict(overlap="nodes"), "overlap='nodes'")):
+        with pytest.raises(ValueError, match=word):
+            TrainConfig(exchange="sequential", **kwargs).validate()
+    for kwargs in (dict(sampler="bns"), dict(overlap=True), dict(exchange_dtype="int8")):
+        TrainConfig(exchange="sequential", **kwargs).validate()
