@@ -5,7 +5,6 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import Tensor
 
 from pyg_dist.cache import ExactCache, FeatureCache, HaloCache
@@ -14,6 +13,7 @@ from pyg_dist.comm.compress import get_codec
 from pyg_dist.comm.plan import Plans
 from pyg_dist.comm.stats import CommStats
 from pyg_dist.data import DistData
+from pyg_dist.nn.dropout import dropout
 from pyg_dist.nn.spec import spec_of
 
 Observer = Callable[[str, Tensor, HaloPlan], None]
@@ -208,7 +208,7 @@ class HaloContext:
             # dropped here, so the forward and the backward share one mask
             # even when the gradients reach the owner iterations later.
             undropped, p = x._dist_dropout
-            return F.dropout(cache.fetch(key, undropped, self.plan, self.upcoming), p)
+            return dropout(cache.fetch(key, undropped, self.plan, self.upcoming), p)
         return cache.fetch(key, x, self.plan, self.upcoming)
 
     def finish(self) -> None:

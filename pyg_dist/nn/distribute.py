@@ -13,6 +13,7 @@ from pyg_dist.data import DistData
 from pyg_dist.nn import async_layers, gcn_norm, sequential
 from pyg_dist.nn.arguments import source_args, target_args
 from pyg_dist.nn.context import HaloContext
+from pyg_dist.nn.dropout import fast_dropout
 from pyg_dist.nn.conv import DistGCNConv
 from pyg_dist.nn.norm import NORMS
 from pyg_dist.nn.spec import LayerSpec, layer_names, spec_of
@@ -139,6 +140,7 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
             module.__class__ = NORMS[type(module)]
         if isinstance(module, tuple(NORMS.values())):
             module._dist_ctx = ctx
+    fast_dropout(model)
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout) and not hasattr(module, "_dist_hook"):
             module._dist_hook = module.register_forward_hook(_remember_undropped)

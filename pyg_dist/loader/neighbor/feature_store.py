@@ -79,11 +79,18 @@ class PartitionFeatureStore:
             stats.count("cache_lookups", remote.numel())  # every remote row asked for
         request = OwnerRequest(ids[miss], owner[miss], group, stats, "features")
         served = request.received - self.start
+        # One gather writes the local rows in place (the others read row 0 and
+        # are overwritten below): a pass over the batch's rows fewer than
+        # gathering the local rows apart and scattering them.
+        gather = torch.zeros_like(ids)
+        gather[local] = local_rows
         out = {}
         for key in keys:
             table = self.tensors[key]
-            rows = table.new_empty((ids.numel(), ) + tuple(table.shape[1:]))
-            rows.index_copy_(0, local, table.index_select(0, local_rows))
+            if table.size(0):
+                rows = table.index_select(0, gather)
+            else:  # no inner rows: every row is remote
+                rows = table.new_empty((ids.numel(), ) + tuple(table.shape[1:]))
             if hit.numel():
                 rows.index_copy_(0, hit, self.cached[key].index_select(0, slot[slot >= 0]))
             rows.index_copy_(0, miss[request.order],
