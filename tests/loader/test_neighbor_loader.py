@@ -35,6 +35,18 @@ def test_sample_neighbors_is_uniform_without_replacement():
     assert counts.tolist() == [10, 2, 0] and values.tolist() == list(range(12))
 
 
+def test_sample_neighbors_draws_every_subset_equally_often():
+    rowptr, col, draws = torch.tensor([0, 5]), torch.arange(5), 4000
+    subsets = torch.zeros(5, 5)
+    for i in range(draws):
+        _, values = sample_neighbors(rowptr, col, torch.tensor([0]), 2,
+                                     torch.Generator().manual_seed(i))
+        subsets[values.min(), values.max()] += 1
+    pairs = subsets[torch.triu_indices(5, 5, 1).unbind()]  # the 10 pairs of 5 neighbours
+    assert pairs.sum() == draws  # always 2 distinct neighbours
+    assert (pairs - draws / 10).abs().max() < 5 * (draws * 0.1 * 0.9) ** 0.5
+
+
 @pytest.fixture(scope="module")
 def sampled(tmp_path_factory):
     from tests.conftest import small_graph

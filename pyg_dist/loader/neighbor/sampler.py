@@ -21,10 +21,11 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, targets: Tensor, num: int,
 
     Returns the count per target and the sampled ``col`` entries,
     concatenated target by target. Targets with more than :math:`k`
-    neighbours run :math:`k` steps of a Fisher–Yates shuffle of their
-    neighbour positions, all targets at once: step :math:`i` swaps position
-    :math:`i` with a uniform one in :math:`[i, d)`, so every :math:`k`-subset
-    is equally likely, at :math:`O(k)` vector operations (no sort)."""
+    neighbours draw their :math:`k` neighbour positions with Floyd's
+    algorithm, all targets at once: step :math:`i` draws :math:`t` uniform
+    in :math:`[0, d - k + i]` and takes it, or :math:`d - k + i` if it was
+    taken, so every :math:`k`-subset is equally likely, at :math:`O(k)`
+    vector operations over the targets, never over their neighbours."""
     start = rowptr[targets]
     deg = rowptr[targets + 1] - start
     counts = deg if num < 0 else deg.clamp(max=num)
@@ -36,16 +37,14 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, targets: Tensor, num: int,
     big = (deg > counts).nonzero().view(-1)
     if big.numel():  # ...unless there are more than k of them
         d = deg[big]
-        base = d.cumsum(0) - d
-        perm = torch.arange(int(d.sum())) - torch.repeat_interleave(base, d)
+        chosen = torch.empty(big.numel(), num, dtype=torch.long)
         for i in range(num):
-            j = base + i + (torch.rand(big.numel(), generator=generator, dtype=torch.double)
-                            * (d - i)).long()
-            a = base + i
-            perm[a], perm[j] = perm[j], perm[a]
-        slots = torch.arange(num)
-        pos[(out_ptr[big].unsqueeze(1) + slots).view(-1)] = \
-            perm[(base.unsqueeze(1) + slots).view(-1)]
+            last = d - num + i
+            t = (torch.rand(big.numel(), generator=generator, dtype=torch.double)
+                 * (last + 1)).long()
+            taken = (chosen[:, :i] == t.unsqueeze(1)).any(1)
+            chosen[:, i] = torch.where(taken, last, t)
+        pos[(out_ptr[big].unsqueeze(1) + torch.arange(num)).view(-1)] = chosen.view(-1)
     return counts, col[start[segment] + pos]
 
 
