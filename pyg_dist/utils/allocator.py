@@ -23,7 +23,7 @@ nodes) and R-MAT (scale 16), exact and BNS, 2 loaded cores (issue 35):
 
 A fixed mmap threshold (``mallopt(M_MMAP_THRESHOLD, 64 KiB)``, as
 ``MALLOC_MMAP_THRESHOLD_=65536``) gives every such chunk its own mapping,
-returned on free: RSS above baseline falls to 1.2-1.3 times the live peak,
+returned on free: RSS above baseline falls to 1.1-1.3 times the live peak,
 but every step page-faults its 180 MiB anew (55,000-88,000 minor faults per
 epoch and rank against about 50, +0.1-0.2 s of system time per epoch and
 rank on 0.3 s of user time). Thresholds of 1 or 4 MiB fault nearly as much
