@@ -12,6 +12,7 @@ from torch import Tensor
 from pyg_dist.datasets.real import f1_counts
 from pyg_dist.distributed import gather_over_ranks, max_over_ranks, sum_over_ranks
 from pyg_dist.integrity import save_checked, save_json
+from pyg_dist.utils.allocator import PeakSampler, malloc_in_use
 
 
 def reset_peak_memory(device: torch.device = torch.device("cpu")) -> None:
@@ -66,11 +67,42 @@ def baseline_memory_metrics(device) -> Dict[str, Any]:
     and ``baseline_mem_per_rank``: every rank's :func:`current_memory_bytes`
     once the partition and the model are loaded, before the first step (the
     interpreter, the libraries and the partition, so that ``peak_mem_bytes``
-    minus it is what training itself adds; one all-gather)."""
+    minus it is what training itself adds; one all-gather). On CPU with
+    glibc also ``baseline_live_mem_bytes`` (max), ``..._mean`` and
+    ``baseline_live_mem_per_rank``: every rank's :func:`live_memory_bytes`
+    then, the baseline of ``live_mem_*``."""
     per_rank = [int(v) for v in gather_over_ranks(current_memory_bytes(device), device)]
-    return {"baseline_mem_bytes": max(per_rank),
-            "baseline_mem_bytes_mean": int(sum(per_rank) / len(per_rank)),
-            "baseline_mem_per_rank": per_rank}
+    out = {"baseline_mem_bytes": max(per_rank),
+           "baseline_mem_bytes_mean": int(sum(per_rank) / len(per_rank)),
+           "baseline_mem_per_rank": per_rank}
+    out.update(_over_ranks("baseline_live_mem", live_memory_bytes(device), device))
+    return out
+
+
+def live_memory_bytes(device: torch.device = torch.device("cpu")) -> Optional[int]:
+    r"""Memory this process' tensors and buffers hold now (live memory, as
+    opposed to what the process keeps resident): on CPU the bytes glibc's
+    malloc has handed out (:func:`~pyg_dist.utils.allocator.malloc_in_use`);
+    ``None`` on CUDA (whose allocated bytes ``peak_mem_bytes`` already
+    is) and without glibc."""
+    return malloc_in_use() if device.type == "cpu" else None
+
+
+def live_peak_sampler(device: torch.device = torch.device("cpu")) -> Optional[PeakSampler]:
+    r"""A sampler of the peak of :func:`live_memory_bytes` (``None`` where
+    there is none to sample)."""
+    return PeakSampler() if live_memory_bytes(device) is not None else None
+
+
+def _over_ranks(name: str, value: Optional[int], device) -> Dict[str, Any]:
+    r"""``{name}_bytes`` (max over ranks), ``{name}_bytes_mean`` and
+    ``{name}_per_rank`` of every rank's :obj:`value` (one all-gather;
+    nothing where a rank has no value: every rank takes part either way)."""
+    per_rank = [int(v) for v in gather_over_ranks(-1 if value is None else value, device)]
+    if min(per_rank) < 0:
+        return {}
+    return {f"{name}_bytes": max(per_rank), f"{name}_bytes_mean": int(sum(per_rank) / len(per_rank)),
+            f"{name}_per_rank": per_rank}
 
 
 MASKS = ("train", "val", "test")
@@ -128,8 +160,12 @@ def peak_memory_metrics(peak: int, device) -> Dict[str, Any]:
 
 
 def epoch_row(epoch: int, sums: Dict[str, float], maxes: Dict[str, float], peak: int,
-              device, world: int) -> Dict[str, Any]:
-    r"""An epoch's metrics row from its reduced counters."""
+              device, world: int, live_peak: Optional[int] = None) -> Dict[str, Any]:
+    r"""An epoch's metrics row from its reduced counters; with this rank's
+    :obj:`live_peak` (its peak :func:`live_memory_bytes`), also
+    ``live_mem_bytes``, ``live_mem_bytes_mean`` and ``live_mem_per_rank``
+    (absolute, as ``peak_mem_*``: minus ``baseline_live_mem_*`` it is what
+    training adds)."""
     row: Dict[str, Any] = {"epoch": epoch, "loss": sums["loss"], **accuracies(sums)}
     row.update(time=maxes["time"], time_comm=maxes["time_comm"],
                time_reduce=maxes["time_reduce"], time_sample=maxes["time_sample"],
@@ -141,6 +177,7 @@ def epoch_row(epoch: int, sums: Dict[str, float], maxes: Dict[str, float], peak:
                cache_hit_rate=(sums["cache_hits"] / sums["cache_lookups"]
                                if sums["cache_lookups"] > 0 else None),
                bytes_saved=int(sums["bytes_saved"]), world_size=world)
+    row.update(_over_ranks("live_mem", live_peak, device))
     return row
 
 
@@ -172,6 +209,11 @@ def summarize(history: List[Dict[str, Any]], config: Dict[str, Any], world: int,
         "baseline_mem_bytes": last.get("baseline_mem_bytes"),
         "baseline_mem_bytes_mean": last.get("baseline_mem_bytes_mean"),
     }
+    if all("live_mem_bytes" in r for r in history):
+        summary.update(live_mem_bytes=max(r["live_mem_bytes"] for r in history),
+                       live_mem_bytes_mean=max(r["live_mem_bytes_mean"] for r in history),
+                       baseline_live_mem_bytes=last.get("baseline_live_mem_bytes"),
+                       baseline_live_mem_bytes_mean=last.get("baseline_live_mem_bytes_mean"))
     summary.update({k: mean(k) for k in extra_keys})
     return summary
 

@@ -35,7 +35,7 @@ from pyg_dist.nn.conv.sage_conv import project_first
 from pyg_dist.nn.trim import trimmed, trims
 from pyg_dist.metrics import (MASKS, MetricsWriter, correct_counts, accuracies,  # noqa: F401
                               baseline_memory_metrics, current_memory_bytes, epoch_row,
-                              peak_memory_bytes, reduce_over_ranks,
+                              live_peak_sampler, peak_memory_bytes, reduce_over_ranks,
                               reset_peak_memory, summarize)
 from pyg_dist.partition.book import read_meta
 from pyg_dist.reducer import GradientReducer, reduces
@@ -95,6 +95,8 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
         + ("" if config.loader == "full" else f" ({config.loader})"), stateful, resumed)
     run = _Run(model, evaluator, eval_data, loader, ctx, stats, optimizer, params, config,
                world, device, data.num_halo)
+    if config.loader == "full":  # every epoch reads all of it: in the baseline, as documented
+        read_mapped_pages(data.x)
     run.baseline = baseline_memory_metrics(device)
     try:
         for epoch in epochs:
@@ -115,6 +117,19 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     if writer:
         writer.finish(summary, model, data.num_features, num_classes)
     return summary
+
+
+def read_mapped_pages(x: Optional[Tensor]) -> None:
+    r"""Reads one element of every memory page of the CPU tensor :obj:`x`:
+    a partition's features are memory-mapped from its file (copy-on-write),
+    so a page joins the rank's resident memory when first read. Read before
+    the baseline is taken, the partition is in ``baseline_mem_bytes`` and
+    not in the first epoch's peak above it (a few milliseconds: the pages
+    are in the page cache since the partition was checked)."""
+    if x is None or x.device.type != "cpu" or x.numel() == 0 or not x.is_contiguous():
+        return
+    flat = x.reshape(-1)
+    flat[::max(1, 4096 // x.element_size())].sum()
 
 
 def _load_partition(root: str, rank: int, device: Optional[torch.device]):
@@ -166,6 +181,7 @@ class _Run:
         self.takes_adj_t = model_layer(config.model).takes_adj_t
         self.trims = trims(model)  # a sampled batch's layers: only the rows needed
         self.baseline: Dict[str, Any] = {}  # memory before the first step
+        self.live = live_peak_sampler(device)  # the peak of live memory, per epoch
         # The all-reduce overlaps backward, unless each rank must clip its
         # whole local gradient first (SANCUS).
         self.reducer = GradientReducer(params, stats=stats) \
@@ -176,6 +192,7 @@ class _Run:
         contexts = [m.dist_context for m in (self.model, self.evaluator)
                     if hasattr(m, "dist_context")]
         closers = [c.finish for c in dict.fromkeys(contexts)] + [self.loader.close]
+        closers += [self.live.close] if self.live is not None else []
         return closers + ([self.reducer.remove] if self.reducer is not None else [])
 
     def epoch(self, epoch: int) -> Tuple[Dict[str, Any], bool]:
@@ -185,6 +202,8 @@ class _Run:
         stats.reset()
         loader.reset_metrics()
         reset_peak_memory(self.device)
+        if self.live is not None:
+            self.live.reset()
         start = time.perf_counter()
         loss = torch.zeros((), device=self.device)
         halo_rows = 0
@@ -193,6 +212,7 @@ class _Run:
             halo_rows += batch.halo_rows
         step_time = time.perf_counter() - start
         peak = peak_memory_bytes(self.device)
+        live_peak = self.live.peak if self.live is not None else None
         sums = {"loss": loss.item(), "bytes_sent": stats.total_bytes_sent,
                 "bytes_recv": stats.total_bytes_recv, "halo_rows": halo_rows,
                 "halo_rows_total": self.num_halo, "cache_hits": stats.counts["cache_hits"],
@@ -209,7 +229,7 @@ class _Run:
         if self.config.evaluates(epoch):
             sums.update(self.evaluate())
         sums, maxes = reduce_over_ranks(sums, maxes, self.device)
-        row = epoch_row(epoch, sums, maxes, peak, self.device, self.world)
+        row = epoch_row(epoch, sums, maxes, peak, self.device, self.world, live_peak)
         row.update(self.baseline)
         row["time_comm_backward"] = maxes["time_comm_backward"]  # the part of time_comm
         row.update(loader.row_fields(sums, row, self.world))
@@ -232,6 +252,8 @@ class _Run:
             scope = nullcontext()
         with scope:
             loss = batch_loss(self.model(batch.x, graph), batch)
+            if self.live is not None:  # every activation saved for backward is live
+                self.live.sample()
             if self.reducer is not None:
                 self.reducer.start(loss)
             loss.backward()
