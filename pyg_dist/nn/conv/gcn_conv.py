@@ -8,6 +8,7 @@ from torch_geometric.utils import is_torch_sparse_tensor
 
 from pyg_dist.comm import HaloPlan
 from pyg_dist.data import DistData
+from pyg_dist.nn.aggregate import spmm
 from pyg_dist.utils import csr
 
 
@@ -57,6 +58,11 @@ class DistGCNConv(GCNConv):
         if self.bias is not None:
             out = out + self.bias
         return out
+
+    def message_and_aggregate(self, adj_t: Adj, x: Tensor) -> Tensor:
+        if isinstance(adj_t, Tensor):  # a torch.sparse adjacency: pyg_dist.nn.aggregate
+            return spmm(adj_t, x, reduce=self.aggr)
+        return super().message_and_aggregate(adj_t, x)
 
     def _aggregate(self, x: Tensor, edge_index: Adj,
                    edge_weight: Optional[Tensor]) -> Tensor:

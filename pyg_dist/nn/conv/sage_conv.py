@@ -5,7 +5,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.parameter import UninitializedParameter
 from torch_geometric.nn import GraphConv, SAGEConv
-from torch_geometric.typing import Adj, OptTensor
+from torch_geometric.typing import Adj, OptPairTensor, OptTensor
+
+from pyg_dist.nn.aggregate import spmm
 
 #: Aggregations that commute with a linear map: :math:`\mathrm{aggr}_j(W
 #: x_j) = W\,\mathrm{aggr}_j(x_j)`.
@@ -84,6 +86,11 @@ class DistSAGEConv(SAGEConv):
             out = F.normalize(out, p=2., dim=-1)
         return out
 
+    def message_and_aggregate(self, adj_t: Adj, x: OptPairTensor) -> Tensor:
+        if isinstance(adj_t, Tensor):  # a torch.sparse adjacency: pyg_dist.nn.aggregate
+            return spmm(adj_t, x[0], reduce=self.aggr)
+        return super().message_and_aggregate(adj_t, x)
+
 
 class DistGraphConv(GraphConv):
     r""":class:`torch_geometric.nn.GraphConv` that projects before it
@@ -112,6 +119,12 @@ class DistGraphConv(GraphConv):
         if x_dst is not None:
             out = out + self.lin_root(x_dst)
         return out
+
+    def message_and_aggregate(self, edge_index: Adj, x: OptPairTensor,
+                              edge_weight: OptTensor) -> Tensor:
+        if isinstance(edge_index, Tensor) and edge_index.is_sparse_csr:
+            return spmm(edge_index, x[0], reduce=self.aggr)
+        return super().message_and_aggregate(edge_index, x, edge_weight)
 
 
 def project_first(model: torch.nn.Module) -> torch.nn.Module:

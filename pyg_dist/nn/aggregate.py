@@ -1,0 +1,79 @@
+r"""Sparse aggregation :math:`\mathbf{A}\mathbf{X}` whose backward keeps the
+adjacency's transpose.
+
+On the CPU, ``torch.sparse.mm`` over a CSR :math:`\mathbf{A}` (a sum, or
+``reduce="mean"``: each row divided by its number of entries
+:math:`c_i`) differentiates with respect to :math:`\mathbf{X}` as
+
+.. math::
+    \nabla\mathbf{X} = \mathbf{A}^{\top} \nabla\mathbf{Y}
+    \quad\text{(sum)}, \qquad
+    \nabla\mathbf{X} = \mathbf{A}^{\top} \mathrm{diag}(1 / \max(c, 1))
+    \nabla\mathbf{Y} \quad\text{(mean)},
+
+and builds :math:`\mathbf{A}^{\top}` anew in every backward (a sort of
+the edges, and edge-sized index buffers that fragment the heap: issue 35).
+A full-graph plan's adjacency is the same tensor in every layer and step,
+so :func:`spmm` keeps its transpose (and row counts) on it from its second
+use on; a graph used once (a trimmed batch's block) takes torch's path.
+The forward is torch's, the gradient the same sums: equal up to float
+rounding (tested against PyG).
+"""
+import torch
+from torch import Tensor
+from torch_geometric.utils import spmm as pyg_spmm
+
+from pyg_dist.utils import csr_tensor
+
+
+def spmm(adj, x: Tensor, reduce: str = "sum") -> Tensor:
+    r"""PyG's :func:`~torch_geometric.utils.spmm`, with the backward of a
+    reused CPU CSR :obj:`adj` (values without gradient, sum or mean) served
+    by its kept transpose."""
+    reduce = "sum" if reduce == "add" else reduce
+    if not (isinstance(adj, Tensor) and adj.layout == torch.sparse_csr
+            and adj.device.type == "cpu" and reduce in ("sum", "mean") and x.dim() == 2
+            and not adj.requires_grad and x.requires_grad and torch.is_grad_enabled()):
+        return pyg_spmm(adj, x, reduce)
+    if not getattr(adj, "_dist_reused", False):  # maybe a one-off graph: no transpose kept
+        adj._dist_reused = True
+        return pyg_spmm(adj, x, reduce)
+    return _Aggregate.apply(x, adj, reduce)
+
+
+class _Aggregate(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, adj: Tensor, reduce: str) -> Tensor:
+        ctx.adj, ctx.reduce = adj, reduce
+        return torch.sparse.mm(adj, x) if reduce == "sum" else torch.sparse.mm(adj, x, "mean")
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        adj = ctx.adj
+        if ctx.reduce == "mean":
+            grad = grad / _row_counts(adj)
+        return torch.sparse.mm(transposed(adj), grad), None, None
+
+
+def transposed(adj: Tensor) -> Tensor:
+    r"""The CSR transpose of the CSR :obj:`adj`, kept on it."""
+    found = getattr(adj, "_dist_transposed", None)
+    if found is None:
+        crow, col, value = adj.crow_indices(), adj.col_indices(), adj.values()
+        row = torch.repeat_interleave(torch.arange(adj.size(0), device=col.device),
+                                      crow.diff(), output_size=col.numel())
+        order = torch.sort(col, stable=True).indices  # by column, rows stay sorted
+        crow_t = torch.zeros(adj.size(1) + 1, dtype=crow.dtype, device=crow.device)
+        crow_t[1:] = torch.bincount(col, minlength=adj.size(1)).cumsum(0)
+        found = csr_tensor(crow_t, row[order].to(col.dtype), value[order],
+                           (adj.size(1), adj.size(0)))
+        adj._dist_transposed = found
+    return found
+
+
+def _row_counts(adj: Tensor) -> Tensor:
+    found = getattr(adj, "_dist_row_counts", None)
+    if found is None:
+        found = adj.crow_indices().diff().clamp(min=1).unsqueeze(1).to(adj.values().dtype)
+        adj._dist_row_counts = found
+    return found
