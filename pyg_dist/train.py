@@ -39,6 +39,7 @@ from pyg_dist.metrics import (MASKS, MetricsWriter, correct_counts, accuracies, 
                               reset_peak_memory, summarize)
 from pyg_dist.partition.book import read_meta
 from pyg_dist.reducer import GradientReducer, reduces
+from pyg_dist.utils.allocator import release_free_memory
 from pyg_dist.sampler import build_sampler
 from pyg_dist.utils.sparse import valid_sparse
 
@@ -201,10 +202,13 @@ class _Run:
         stats, loader = self.stats, self.loader
         stats.reset()
         loader.reset_metrics()
+        start = time.perf_counter()
+        # What the last epoch freed (its holes in the heap, one-off buffers,
+        # evaluation) leaves the resident set before this epoch's peak.
+        release_free_memory()
         reset_peak_memory(self.device)
         if self.live is not None:
             self.live.reset()
-        start = time.perf_counter()
         loss = torch.zeros((), device=self.device)
         halo_rows = 0
         for batch in loader:

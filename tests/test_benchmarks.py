@@ -196,7 +196,7 @@ def test_regime_suite_quick_on_the_papers_graph(tmp_path):
     r"""benchmarks/regime.py --quick end to end on the Reddit-shaped graph:
     the boundary table, BNS memory runs, the link choice, the methods with
     their goals, the JSON and the markdown (rmat's loading and partitioning:
-    tests/test_regime_datasets.py)."""
+    tests/datasets/test_regime_datasets.py)."""
     stdout, saved = _bench(tmp_path, "regime.py", "--quick", "--methods", "exact",
                            "BNS p=0.1", "--memory-parts", "2", "--memory-runs", "BNS p=1",
                            "BNS p=0.1")

@@ -45,7 +45,7 @@ class LayerSpec:
     #: (GCN through :math:`(\hat A X)\Theta = \hat A(X\Theta)`): the first
     #: layer's aggregation can be precomputed.
     precomputable: bool = False
-    #: Verified exact under the sequential exchange (``tests/test_sequential.py``).
+    #: Verified exact under the sequential exchange (``tests/comm/test_sequential.py``).
     sequential: bool = False
     #: The submodules its messages or edge updates use (recomputed per piece
     #: by the sequential exchange, so differentiated there).

@@ -3,7 +3,7 @@ refuses the others.
 
 A model distributes only if every one of its modules is known to compute
 under ``distribute()`` what it computes in single-process PyG: PyG's own
-layers by name (verified by ``tests/test_layer_zoo.py``, which builds every
+layers by name (verified by ``tests/nn/test_layer_zoo.py``, which builds every
 class of ``torch_geometric.nn.conv`` and ``torch_geometric.nn.norm``), row-wise
 ``torch.nn`` modules, and norms converted to whole-graph statistics
 (:mod:`pyg_dist.nn.norm`). A PyG or ``torch.nn`` module of any other class,
@@ -22,7 +22,7 @@ from pyg_dist.nn.norm import NORMS
 from pyg_dist.nn.spec import LAYERS, spec_of
 
 #: torch.nn modules whose output row i depends only on input row i, by
-#: definition, for node features [N, ...] (tests/test_row_wise.py checks each
+#: definition, for node features [N, ...] (tests/nn/test_row_wise.py checks each
 #: against a shuffled subset of rows).
 ROW_WISE_TORCH = (
     torch.nn.Linear, torch.nn.Bilinear, torch.nn.Identity, torch.nn.Dropout,

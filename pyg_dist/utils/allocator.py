@@ -77,6 +77,17 @@ def malloc_in_use() -> Optional[int]:
     return int(info.uordblks + info.hblkhd)
 
 
+def release_free_memory() -> None:
+    r"""Returns the free pages of glibc's heaps to the system
+    (``malloc_trim(0)``: whole free pages anywhere in the heaps, not only
+    at their top); nothing without glibc. Called by training at every
+    epoch's start, it takes the holes earlier steps and the evaluation left
+    out of the resident set, so an epoch's peak RSS follows its own steps
+    (measured: see the module)."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
 class PeakSampler:
     r"""The peak of :func:`malloc_in_use` over a window: sampled every
     :obj:`interval` seconds by a daemon thread (which holds the GIL only for

@@ -1,4 +1,4 @@
-"""Functions that run inside spawned ranks for tests/test_async_layers.py."""
+"""Functions that run inside spawned ranks for tests/nn/test_async_layers.py."""
 import torch
 import torch.distributed as dist
 from torch_geometric.nn import GCN, GIN, GraphConv, GraphSAGE

@@ -27,7 +27,7 @@ def test_every_pyg_class_is_classified():
                                    (pyg_norm, zoo.NORMS_NOT_APPLICABLE)):
         unclassified = set(module.__all__) - tried - set(not_applicable)
         assert not unclassified, (f"{module.__name__} has classes the layer zoo does not "
-                                  f"try yet: {sorted(unclassified)} (add them to tests/zoo.py)")
+                                  f"try yet: {sorted(unclassified)} (add them to tests/nn/zoo.py)")
 
 
 def _refused(model: torch.nn.Module):

@@ -2,17 +2,13 @@
 The real console script, a process of its own, where the process is the
 point (its exit status, torchrun); elsewhere its main() in this process
 (:func:`cli`), whose ranks fork from this process' forkserver instead of
-each run importing torch and PyG anew. Signals: tests/test_failures.py."""
+each run importing torch and PyG anew. Signals: tests/run/test_failures.py."""
 import json
 import os
-import random
 import subprocess
 import sys
-import warnings
 
-import numpy as np
 import pytest
-import torch
 
 METRIC_KEYS = {"epoch", "loss", "train_acc", "val_acc", "test_acc", "time",
                "time_compute", "time_comm", "time_reduce", "time_sample", "bytes_sent",
@@ -23,42 +19,6 @@ def run(*args, check=True):
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     return subprocess.run([sys.executable, "-m", "pyg_dist.cli", *args], env=env,
                           capture_output=True, text=True, timeout=300, check=check)
-
-
-@pytest.fixture
-def cli(capfd):
-    r"""``pyg-dist ARGS`` as :func:`run` runs it, in this process: its exit
-    status and what it and its ranks wrote to file descriptors 1 and 2;
-    warnings ignored, as ``PYTHONWARNINGS=ignore`` does in :func:`run`; this
-    process' threads and random states as they were."""
-    from pyg_dist.cli import main
-
-    def call(*args, check=True):
-        capfd.readouterr()
-        threads, states = torch.get_num_threads(), (torch.get_rng_state(),
-                                                    np.random.get_state(), random.getstate())
-        code = 0
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                main(list(args))
-        except SystemExit as e:  # as the interpreter ends with it
-            if isinstance(e.code, str):
-                print(e.code, file=sys.stderr)
-            code = e.code if isinstance(e.code, int) else int(e.code is not None)
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            torch.set_num_threads(threads)
-            torch.set_rng_state(states[0])
-            np.random.set_state(states[1])
-            random.setstate(states[2])
-        out, err = capfd.readouterr()
-        done = subprocess.CompletedProcess(["pyg-dist", *args], code, out, err)
-        if check:
-            done.check_returncode()
-        return done
-    return call
 
 
 def test_partition_info_train(tmp_path, cli):

@@ -1,6 +1,6 @@
 """The NCCL/GPU path: training on the local GPU (``LOCAL_RANK``) equals
 single-process PyG. Skipped without CUDA (CI has no GPU); run on a GPU
-machine with ``pytest tests/test_gpu.py``."""
+machine with ``pytest tests/run/test_gpu.py``."""
 import dataclasses
 
 import pytest

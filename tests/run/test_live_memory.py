@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from pyg_dist.utils.allocator import PeakSampler, malloc_in_use
-from tests.run.test_cli import cli  # noqa: F401 (fixture)
 
 glibc = pytest.mark.skipif(malloc_in_use() is None, reason="needs glibc's mallinfo2")
 MiB = 2**20
@@ -30,7 +29,7 @@ def test_sampler_sees_a_tensor_freed_between_reads():
 
 
 @glibc
-def test_training_reports_live_memory(tmp_path, cli):  # noqa: F811
+def test_training_reports_live_memory(tmp_path, cli):
     root, out = str(tmp_path / "parts"), str(tmp_path / "run")
     cli("partition", "--num-nodes", "2000", "--num-parts", "2", "--root", root,
         "--data-dir", str(tmp_path / "data"))

@@ -3,7 +3,7 @@ torch and PyG once, with what a fresh interpreter would have (the caller's
 environment, stdout and stderr as they are now, its thread share, numpy
 random numbers of its own); a fresh interpreter where the forkserver cannot
 give that. Dying with the launcher, signals and stopped ranks:
-tests/test_failures.py."""
+tests/run/test_failures.py."""
 import multiprocessing
 import os
 import subprocess
