@@ -359,7 +359,9 @@ class _SequentialAggregation(torch.autograd.Function):
         fold.out = None
         fctx.spec, fctx.fold, fctx.rng = spec, fold, rng
         fctx.autocast = _autocast_state(like)
-        fctx.save_for_backward(*sources, *others, out)
+        # only attention's backward reads the output (its normaliser's gradient); the others
+        # would hold an n x channels tensor per layer that nothing else may keep
+        fctx.save_for_backward(*sources, *others, out if fold.attention else None)
         return out
 
     @staticmethod
