@@ -44,7 +44,7 @@ ranks, both exchanges, the linear ideal drawn in).
 
 Usage::
 
-    python benchmarks/sequential.py            # full: ~25 min on 2 cores
+    python benchmarks/sequential.py            # full: ~30 min on 2 cores
     python benchmarks/sequential.py --quick    # a small random-cut graph, 1 and 2 ranks
     python benchmarks/sequential.py --report benchmarks/results/sequential.json
 """
@@ -212,7 +212,8 @@ def main() -> None:
     apply_preset(args, dict(graphs=["reddit-shaped:random"], ranks=[1, 2],
                             communities_nodes=4000, reddit_nodes=2000, rmat_scale=11, hidden=16,
                             epochs=2),
-                 dict(graphs=["communities", "reddit-shaped", "reddit-shaped:random"],
+                 dict(graphs=["communities", "reddit-shaped", "reddit-shaped:random", "rmat",
+                              "rmat:random"],
                       ranks=[1, 2, 4, 8],
                       communities_nodes=200_000, reddit_nodes=40_000, rmat_scale=15,
                       hidden=64, epochs=4),
