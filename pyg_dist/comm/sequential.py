@@ -73,14 +73,18 @@ class Piece(NamedTuple):
     into each target (``num_edges`` in all).
 
     A CSR graph's pieces are kept compact: ``ptr`` (the piece's row
-    pointers) only, ``graph`` ``None``; :func:`materialise` selects the
-    piece's columns and values from the graph while the piece runs, so a
-    rank never holds its adjacency twice (at 2 ranks the copy was larger
-    than the halo rows the exchange saves)."""
+    pointers) and ``position`` (where its edges sit in the graph's CSR
+    arrays, 32-bit: 4 bytes an edge over all pieces), ``graph`` ``None``;
+    :func:`materialise` gathers the piece's columns and values from the graph
+    while the piece runs, so a rank never holds its adjacency twice (a copy
+    costs 12 bytes an edge: at 2 ranks more than the halo rows the exchange
+    saves). Positions, not a mask over all edges: a gather of the piece's
+    own edges, not a scan of every edge per piece and round."""
     sources: slice
     graph: Any
     edge_id: Optional[Tensor]
     ptr: Optional[Tensor]  # CSR row pointers of the piece
+    position: Optional[Tensor]  # CSR: its edges' positions in the graph's arrays
     edge_count: Optional[Tensor]  # edge_index form: the edges into each target
     num_edges: int
 
@@ -108,8 +112,12 @@ def cut(graph, num_inner: int, schedule: RingSchedule) -> List[Piece]:
         for k in range(schedule.world):
             sources = schedule.sources(k)
             # the piece's row pointers: its edges counted up to each row's start
-            ptr = torch.cat([crow.new_zeros(1), _in_round(col, sources).cumsum(0)])[crow]
-            pieces.append(Piece(sources, None, None, ptr, None, int(ptr[-1])))
+            keep = _in_round(col, sources)
+            ptr = torch.cat([crow.new_zeros(1), keep.cumsum(0)])[crow]
+            position = keep.nonzero().view(-1)
+            if col.numel() < 2 ** 31:
+                position = position.to(torch.int32)
+            pieces.append(Piece(sources, None, None, ptr, position, None, int(ptr[-1])))
         return pieces
     if not (isinstance(graph, Tensor) and graph.dim() == 2 and graph.size(0) == 2):
         raise NotImplementedError("exchange='sequential' takes the partition's edge_index or "
@@ -120,7 +128,7 @@ def cut(graph, num_inner: int, schedule: RingSchedule) -> List[Piece]:
         keep = _in_round(col, sources).nonzero().view(-1)
         count = torch.bincount(row[keep], minlength=num_inner)
         piece = torch.stack([col[keep] - sources.start, row[keep]])
-        pieces.append(Piece(sources, piece, keep, None, count, keep.numel()))
+        pieces.append(Piece(sources, piece, keep, None, None, count, keep.numel()))
     return pieces
 
 
@@ -130,9 +138,9 @@ def materialise(piece: Piece, graph) -> Piece:
     as the caller holds the result."""
     if piece.graph is not None:
         return piece
-    col = graph.col_indices()
-    keep = _in_round(col, piece.sources)
-    adj = csr_tensor(piece.ptr, col[keep].sub_(piece.sources.start), graph.values()[keep],
+    at = piece.position
+    adj = csr_tensor(piece.ptr, graph.col_indices().index_select(0, at).sub_(piece.sources.start),
+                     graph.values().index_select(0, at),
                      (piece.ptr.numel() - 1, piece.num_rows))
     return piece._replace(graph=adj)
 
