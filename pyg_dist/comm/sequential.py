@@ -70,44 +70,79 @@ class Piece(NamedTuple):
     into the inner nodes, their sources numbered from 0 in ``graph`` (a CSR
     ``adj_t`` or an ``edge_index``); ``edge_id`` are their positions in the
     graph they were cut from (``edge_index`` form) and ``count`` the edges
-    into each target (``num_edges`` in all)."""
+    into each target (``num_edges`` in all).
+
+    A CSR graph's pieces are kept compact: ``ptr`` (the piece's row
+    pointers) and ``position`` (where its edges sit in the graph's CSR
+    arrays, 32-bit: 4 bytes an edge over all pieces), ``graph`` ``None``;
+    :func:`materialise` gathers the piece's columns and values from the graph
+    while the piece runs, so a rank never holds its adjacency twice (a copy
+    costs 12 bytes an edge: at 2 ranks more than the halo rows the exchange
+    saves). Positions, not a mask over all edges: a gather of the piece's
+    own edges, not a scan of every edge per piece and round."""
     sources: slice
     graph: Any
     edge_id: Optional[Tensor]
-    count: Tensor
+    ptr: Optional[Tensor]  # CSR row pointers of the piece
+    position: Optional[Tensor]  # CSR: its edges' positions in the graph's arrays
+    edge_count: Optional[Tensor]  # edge_index form: the edges into each target
     num_edges: int
 
     @property
     def num_rows(self) -> int:
         return self.sources.stop - self.sources.start
 
+    @property
+    def count(self) -> Tensor:
+        return self.ptr.diff() if self.ptr is not None else self.edge_count
+
+
+def _in_round(col: Tensor, sources: slice) -> Tensor:
+    keep = col >= sources.start
+    return keep.logical_and_(col < sources.stop)
+
 
 def cut(graph, num_inner: int, schedule: RingSchedule) -> List[Piece]:
     r""":obj:`graph` (the plan's, sources are ``[inner | received halo]``)
-    cut into the pieces of the ring's rounds."""
+    cut into the pieces of the ring's rounds (a CSR graph's compactly: see
+    :class:`Piece`)."""
+    pieces = []
     if isinstance(graph, Tensor) and graph.layout == torch.sparse_csr:
-        crow, col, value = graph.crow_indices(), graph.col_indices(), graph.values()
-        row = torch.repeat_interleave(torch.arange(num_inner, device=col.device), crow.diff(),
-                                      output_size=col.numel())
-    elif isinstance(graph, Tensor) and graph.dim() == 2 and graph.size(0) == 2:
-        col, row = graph
-    else:
+        crow, col = graph.crow_indices(), graph.col_indices()
+        for k in range(schedule.world):
+            sources = schedule.sources(k)
+            # the piece's row pointers: its edges counted up to each row's start
+            keep = _in_round(col, sources)
+            ptr = torch.cat([crow.new_zeros(1), keep.cumsum(0)])[crow]
+            position = keep.nonzero().view(-1)
+            if col.numel() < 2 ** 31:
+                position = position.to(torch.int32)
+            pieces.append(Piece(sources, None, None, ptr, position, None, int(ptr[-1])))
+        return pieces
+    if not (isinstance(graph, Tensor) and graph.dim() == 2 and graph.size(0) == 2):
         raise NotImplementedError("exchange='sequential' takes the partition's edge_index or "
                                   f"torch CSR adj_t, not a {type(graph).__name__}")
-    pieces = []
+    col, row = graph
     for k in range(schedule.world):
         sources = schedule.sources(k)
-        keep = ((col >= sources.start) & (col < sources.stop)).nonzero().view(-1)
+        keep = _in_round(col, sources).nonzero().view(-1)
         count = torch.bincount(row[keep], minlength=num_inner)
-        size = (num_inner, sources.stop - sources.start)
-        if graph.layout == torch.sparse_csr:
-            crow_k = torch.cat([crow.new_zeros(1), count.cumsum(0)])
-            piece = csr_tensor(crow_k, col[keep] - sources.start, value[keep], size)
-            pieces.append(Piece(sources, piece, None, count, keep.numel()))
-        else:
-            piece = torch.stack([col[keep] - sources.start, row[keep]])
-            pieces.append(Piece(sources, piece, keep, count, keep.numel()))
+        piece = torch.stack([col[keep] - sources.start, row[keep]])
+        pieces.append(Piece(sources, piece, keep, None, None, count, keep.numel()))
     return pieces
+
+
+def materialise(piece: Piece, graph) -> Piece:
+    r""":obj:`piece` with its ``graph``: a compact CSR piece's columns and
+    values selected from :obj:`graph` (the one it was cut from), for as long
+    as the caller holds the result."""
+    if piece.graph is not None:
+        return piece
+    at = piece.position
+    adj = csr_tensor(piece.ptr, graph.col_indices().index_select(0, at).sub_(piece.sources.start),
+                     graph.values().index_select(0, at),
+                     (piece.ptr.numel() - 1, piece.num_rows))
+    return piece._replace(graph=adj)
 
 
 class _Softmax:
@@ -258,6 +293,7 @@ class _Spec(NamedTuple):
     ctx: Any  # the HaloContext
     key: str
     schedule: RingSchedule
+    graph: Any  # the plan's graph the pieces were cut from
     pieces: List[Piece]
     run: PieceRun  # (piece, its source rows, the other tensors) -> partial aggregate
     aggr: str
@@ -321,7 +357,8 @@ class _SequentialAggregation(torch.autograd.Function):
             if spec.pieces[k].num_edges:
                 softmax = _Softmax()
                 with _routed_softmax(spec.module, softmax):
-                    fold.add(k, spec.run(spec.pieces[k], rows, others), softmax)
+                    fold.add(k, spec.run(materialise(spec.pieces[k], spec.graph), rows,
+                                         others), softmax)
             del rows
         out = fold.result(like.new_zeros((spec.ctx.num_inner, ) + tuple(like.shape[1:])))
         # The output is saved as such: held by the context it would form a
@@ -330,7 +367,9 @@ class _SequentialAggregation(torch.autograd.Function):
         fold.out = None
         fctx.spec, fctx.fold, fctx.rng = spec, fold, rng
         fctx.autocast = _autocast_state(like)
-        fctx.save_for_backward(*sources, *others, out)
+        # only attention's backward reads the output (its normaliser's gradient); the others
+        # would hold an n x channels tensor per layer that nothing else may keep
+        fctx.save_for_backward(*sources, *others, out if fold.attention else None)
         return out
 
     @staticmethod
@@ -347,7 +386,8 @@ class _SequentialAggregation(torch.autograd.Function):
         replay = any(state is not None for state in fctx.rng)
         with torch.random.fork_rng(devices=_rng_devices(grad), enabled=replay):
             for k, rows in _rounds(spec, sources, spec.key + ".refetch"):
-                piece = spec.pieces[k]
+                piece = materialise(spec.pieces[k], spec.graph) if spec.pieces[k].num_edges \
+                    else spec.pieces[k]
                 leaves = [r.requires_grad_(s.requires_grad) for r, s in zip(rows, sources)]
                 row_grads: List[Optional[Tensor]] = [None] * len(rows)
                 if piece.num_edges:
@@ -365,13 +405,17 @@ class _SequentialAggregation(torch.autograd.Function):
                         got = list(torch.autograd.grad(
                             [o for o, _ in pairs], wrt, [g for _, g in pairs],
                             allow_unused=True)) if pairs else [None] * len(wrt)
+                        # the recomputed piece (its partial aggregate, autograd state and
+                        # output gradients, n x channels each) is spent: not held into
+                        # the next round's transfers
+                        del part, outputs, grad_outputs, pairs, softmax
                     row_grads = [got.pop(0) if t.requires_grad else None for t in leaves]
                     for i, t in enumerate(other_leaves):
                         if t.requires_grad:
                             other_grads[i] = _add(other_grads[i], got.pop(0))
                     for i, g in enumerate(got):
                         param_grads[i] = _add(param_grads[i], g)
-                del rows, leaves
+                del rows, leaves, piece  # a compact piece's columns: freed with it
                 if k == 0:  # owned from here on (index_add_ below): never the incoming grad
                     source_grads = [g.clone() if g is not None and _shares(g, grad) else g
                                     for g in row_grads]
@@ -380,6 +424,7 @@ class _SequentialAggregation(torch.autograd.Function):
                         _receive_grads(returning, source_grads, sources)
                     returning = (_return_grads(spec, k, row_grads, sources),
                                  spec.schedule.send_index(k))
+                    row_grads = []  # held by the transfer only, until it left
                     if not spec.prefetch:  # no round's gradients held while computing
                         _receive_grads(returning, source_grads, sources)
                         returning = None
@@ -407,7 +452,10 @@ def _return_grads(spec: _Spec, k: int, row_grads: List[Optional[Tensor]],
                                                   - schedule.sources(k).start, )
                                                  + tuple(s.shape[1:]))
              for g, s in zip(row_grads, sources)]
-    block = _pack(grads, torch.arange(grads[0].size(0), device=grads[0].device))
+    # one tensor travels as it is (the send holds it until it left), several as one block
+    block = grads[0].contiguous() if len(grads) == 1 else \
+        torch.cat([g.flatten(1) for g in grads], dim=1)
+    del grads
     return start_round(block, schedule.recv_from(k), schedule.send_to(k),
                        schedule.send_index(k).numel(), spec.ctx.group, spec.ctx.codec,
                        spec.ctx.stats, spec.key + ".grad", backward=True)
@@ -511,6 +559,6 @@ class Sequential(PointToPoint):
                                       "at once: a sampler that learns from them (PSC-GCN's) "
                                       "needs exchange='halo'")
         params = list(params) if torch.is_grad_enabled() else []
-        spec = _Spec(ctx, key, schedule, pieces, run, aggr, len(sources), len(others), params,
+        spec = _Spec(ctx, key, schedule, graph, pieces, run, aggr, len(sources), len(others), params,
                      module, bool(ctx.overlap))
         return _SequentialAggregation.apply(spec, *sources, *others, *params)
