@@ -5,8 +5,9 @@ For each graph of ``--graphs`` and each rank count of ``--ranks``, the
 graph is partitioned (written once) and a 3-layer GraphSAGE (``--hidden``)
 trains ``--epochs`` epochs with ``--exchange halo`` and ``--exchange
 sequential`` (interleaved, on loopback, evaluation in the last epoch
-only), with glibc's mmap threshold pinned so that freed tensors leave the
-resident set (the per-epoch peak RSS follows live memory). Per run: the
+only), with the allocator as users have it (``--pin-malloc``: glibc's mmap
+threshold pinned, so that freed tensors leave the resident set, a labelled
+extra). Per run: the
 peak memory per rank above ``baseline_mem_bytes`` (interpreter, libraries,
 partition and model), max over ranks and over the training epochs (the
 last, evaluating one included), and the epoch time (mean over the epochs
@@ -31,12 +32,12 @@ Graphs:
 * ``rmat:random``: the same graph, parts drawn at random (the user's
   regime of issue 35: a real power-law graph split at random).
 
-The targets, checked at the rank counts where every part's halo is at
-least its interior (at least 0.95 of it: at 2 parts the halo is at most
-the other part, whose size differs from this one's by the imbalance): the sequential peak above baseline per rank is at most
-1.25 × (single-process peak above baseline) / ranks; at the largest rank
-count at most 0.5 × the materialising exchange's; its epoch time at most
-1.5 × the materialising exchange's.
+The targets (issue 35), checked at every rank count run with both
+exchanges: the sequential peak above baseline per rank at most 1.5 ×
+(single-process peak above baseline) / ranks, and at 2 ranks never above
+the materialising exchange's; at the largest rank count at most 0.6 × the
+materialising exchange's; its epoch time at most 1.3 × the materialising
+exchange's. The halo/inner ratio of the parts is reported beside them.
 
 Output: a table (printed, and ``--out`` with ``.md``), the JSON
 (``--out``) and the plot (``--out`` with ``.png``: memory per rank against
@@ -64,10 +65,7 @@ import pyg_dist  # noqa: E402
 from pyg_dist.partition import PartitionBook  # noqa: E402
 
 EXCHANGES = ("halo", "sequential")
-LINEAR_SLACK, VS_MATERIALISING, TIME_SLACK = 1.25, 0.5, 1.5
-# A part's halo cannot exceed the other parts' nodes: at 2 parts, "halo at
-# least the interior" holds only up to the split's imbalance.
-HALO_AT_LEAST_INNER = 0.95
+LINEAR_SLACK, VS_MATERIALISING, TIME_SLACK = 1.5, 0.6, 1.3
 
 
 def make_graph(name: str, args):
@@ -111,20 +109,14 @@ def one_run(root: str, ranks: int, exchange: str, args) -> Dict[str, Any]:
 
 
 def checks(results: List[Dict[str, Any]]) -> List[str]:
-    r"""The targets, at the rank counts where every part's halo is at least
-    its interior."""
+    r"""The targets, at every rank count run with both exchanges."""
     lines = []
     for graph in dict.fromkeys(r["graph"] for r in results):
         rows = [r for r in results if r["graph"] == graph]
         single = next((r for r in rows if r["ranks"] == 1), None)
         by = {(r["ranks"], r["exchange"]): r for r in rows}
         multi = sorted({r["ranks"] for r in rows if r["ranks"] > 1
-                        and (r["ranks"], "sequential") in by
-                        and r["halo_ratio_min"] >= HALO_AT_LEAST_INNER})
-        below = sorted({r["ranks"] for r in rows if r["ranks"] > 1} - set(multi))
-        if below:
-            lines.append(f"{graph} {', '.join(map(str, below))} ranks: halo below the "
-                         f"interior in some part (reported, no target)")
+                        and (r["ranks"], "sequential") in by and (r["ranks"], "halo") in by})
         if single is None or not multi:
             continue
         for ranks in multi:
@@ -133,10 +125,15 @@ def checks(results: List[Dict[str, Any]]) -> List[str]:
             ratio = seq["epoch_time"] / mat["epoch_time"]
             lines.append(
                 f"{graph} {ranks} ranks: sequential {seq['above_baseline_max'] / MiB:.0f} MiB "
-                f"<= {bound / MiB:.0f} MiB (1.25 x single / ranks): "
+                f"<= {bound / MiB:.0f} MiB ({LINEAR_SLACK} x single / ranks): "
                 f"{'met' if seq['above_baseline_max'] <= bound else 'missed'}; epoch "
                 f"{ratio:.2f}x materialising <= {TIME_SLACK}: "
                 f"{'met' if ratio <= TIME_SLACK else 'missed'}")
+            if ranks == 2:
+                below = seq["above_baseline_max"] <= mat["above_baseline_max"]
+                lines.append(f"{graph} 2 ranks: sequential {seq['above_baseline_max'] / MiB:.0f} "
+                             f"MiB <= materialising {mat['above_baseline_max'] / MiB:.0f} MiB: "
+                             f"{'met' if below else 'missed'}")
         last = multi[-1]
         seq, mat = by[last, "sequential"], by[last, "halo"]
         share = seq["above_baseline_max"] / mat["above_baseline_max"]
@@ -177,7 +174,7 @@ def plot(results: List[Dict[str, Any]], path: str) -> None:
             ax.plot(*zip(*points), style, label=label)
         ax.plot(ranks, [single / k for k in ranks], "k--", label="linear ideal (single / ranks)")
         ax.plot(ranks, [LINEAR_SLACK * single / k for k in ranks], "k:", lw=0.8,
-                label="1.25 x linear")
+                label=f"{LINEAR_SLACK} x linear")
         ax.set(xscale="log", yscale="log", xlabel="ranks",
                ylabel="peak memory per rank above baseline (MiB)", title=graph)
         ax.set_xticks(ranks, [str(k) for k in ranks])
@@ -199,6 +196,9 @@ def main() -> None:
                         help="the rmat graphs have 2**scale nodes")
     parser.add_argument("--hidden", type=int, default=None)
     parser.add_argument("--epochs", type=int, default=None)
+    parser.add_argument("--pin-malloc", action="store_true",
+                        help="pin glibc's mmap threshold in the ranks (RSS follows live "
+                             "memory; not what users have: report it as such)")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--out", default=None)
@@ -218,7 +218,6 @@ def main() -> None:
                       communities_nodes=200_000, reddit_nodes=40_000, rmat_scale=15,
                       hidden=64, epochs=4),
                  "sequential")
-    args.pin_malloc = True
     started, results = time.time(), []
     for graph in args.graphs:
         data = make_graph(graph, args)

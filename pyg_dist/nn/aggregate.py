@@ -13,11 +13,14 @@ On the CPU, ``torch.sparse.mm`` over a CSR :math:`\mathbf{A}` (a sum, or
 
 and builds :math:`\mathbf{A}^{\top}` anew in every backward (a sort of
 the edges, and edge-sized index buffers that fragment the heap: issue 35).
-A full-graph plan's adjacency is the same tensor in every layer and step,
-so :func:`spmm` keeps its transpose (and row counts) on it from its second
-use on; a graph used once (a trimmed batch's block) takes torch's path.
-The forward is torch's, the gradient the same sums: equal up to float
-rounding (tested against PyG).
+A plan's adjacency is the same tensor in every layer (and, on the exact
+plan, in every step): marked by :func:`keep_transpose` where a plan serves
+it, it keeps its transpose (and row counts) for every backward. Any other
+graph (a trimmed batch's block, used once) takes torch's path. Which path
+a graph takes depends only on where it comes from, never on its history,
+so a resumed run computes bit for bit what the uninterrupted one did. The
+forward is torch's, the gradient the same sums: equal up to float rounding
+(tested against PyG).
 """
 import torch
 from torch import Tensor
@@ -28,17 +31,23 @@ from pyg_dist.utils import csr_tensor
 
 def spmm(adj, x: Tensor, reduce: str = "sum") -> Tensor:
     r"""PyG's :func:`~torch_geometric.utils.spmm`, with the backward of a
-    reused CPU CSR :obj:`adj` (values without gradient, sum or mean) served
-    by its kept transpose."""
+    CPU CSR :obj:`adj` marked by :func:`keep_transpose` (values without
+    gradient, sum or mean) served by its kept transpose."""
     reduce = "sum" if reduce == "add" else reduce
     if not (isinstance(adj, Tensor) and adj.layout == torch.sparse_csr
             and adj.device.type == "cpu" and reduce in ("sum", "mean") and x.dim() == 2
-            and not adj.requires_grad and x.requires_grad and torch.is_grad_enabled()):
-        return pyg_spmm(adj, x, reduce)
-    if not getattr(adj, "_dist_reused", False):  # maybe a one-off graph: no transpose kept
-        adj._dist_reused = True
+            and not adj.requires_grad and x.requires_grad and torch.is_grad_enabled()
+            and getattr(adj, "_dist_keep_transpose", False)):
         return pyg_spmm(adj, x, reduce)
     return _Aggregate.apply(x, adj, reduce)
+
+
+def keep_transpose(adj):
+    r"""Marks :obj:`adj` (a graph every layer of a pass aggregates over, a
+    plan's) to keep its transpose for :func:`spmm`'s backward; returns it."""
+    if isinstance(adj, Tensor) and adj.layout == torch.sparse_csr:
+        adj._dist_keep_transpose = True
+    return adj
 
 
 class _Aggregate(torch.autograd.Function):

@@ -13,6 +13,7 @@ from pyg_dist.comm.compress import get_codec
 from pyg_dist.comm.plan import Plans
 from pyg_dist.comm.stats import CommStats
 from pyg_dist.data import DistData
+from pyg_dist.nn.aggregate import keep_transpose
 from pyg_dist.nn.dropout import dropout
 from pyg_dist.nn.spec import spec_of
 
@@ -279,9 +280,9 @@ class HaloContext:
             self.require_exact_plan()
             return edge_index
         if self.plan.is_exact:
-            return self.plan.adjacency(aggr, fused)
+            return keep_transpose(self.plan.adjacency(aggr, fused))
         with self.stats.timer("sample"):  # building a sampled graph is plan building
-            return self.plan.adjacency(aggr, fused)
+            return keep_transpose(self.plan.adjacency(aggr, fused))
 
     def propagate_args(self, module, edge_index, kwargs: Dict[str, Any],
                        sources: List[str]) -> Tuple[Any, Optional[Tensor], Dict[str, Any]]:

@@ -1,12 +1,12 @@
 """pyg_dist.nn.aggregate: the sparse aggregation whose backward keeps the
 adjacency's transpose equals PyG's spmm (outputs and gradients), keeps the
-transpose only on a reused adjacency, and is what the layers call."""
+transpose only on an adjacency a plan serves, and is what the layers call."""
 import pytest
 import torch
 from torch_geometric.nn import GCNConv, GraphConv, SAGEConv
 from torch_geometric.utils import spmm as pyg_spmm
 
-from pyg_dist.nn.aggregate import spmm
+from pyg_dist.nn.aggregate import keep_transpose, spmm
 from pyg_dist.nn.conv import DistGraphConv
 from pyg_dist.nn.conv.sage_conv import DistSAGEConv
 from pyg_dist.utils import csr_tensor
@@ -26,28 +26,32 @@ def _adjacency(rows: int, cols: int, nnz: int, seed: int = 0) -> torch.Tensor:
 
 @pytest.mark.parametrize("reduce", ["sum", "add", "mean"])
 def test_equals_pyg_at_every_use(reduce):
-    adj = _adjacency(60, 80, 400)
+    adj = keep_transpose(_adjacency(60, 80, 400))
     assert int(adj.crow_indices().diff().eq(0).sum()) > 0  # rows without an entry
     x = torch.randn(80, 7, requires_grad=True)
     grad = torch.randn(60, 7)
     expected = pyg_spmm(adj, x, reduce)
     expected_grad, = torch.autograd.grad(expected, x, grad)
-    for use in range(3):  # the first use is PyG's path, later ones keep the transpose
+    first = None
+    for use in range(3):  # the transpose is built once, then served
         out = spmm(adj, x, reduce)
         got, = torch.autograd.grad(out, x, grad)
         assert_fp32_close(out, expected)
         assert_fp32_close(got, expected_grad)
-        assert hasattr(adj, "_dist_transposed") == (use >= 1)
+        first = adj._dist_transposed if first is None else first
+        assert adj._dist_transposed is first
+        assert torch.equal(got, torch.autograd.grad(spmm(adj, x, reduce), x, grad)[0])
 
 
-def test_one_off_and_gradient_free_graphs_keep_nothing():
+def test_unmarked_and_gradient_free_graphs_keep_nothing():
     adj, x = _adjacency(30, 30, 100), torch.randn(30, 4, requires_grad=True)
-    spmm(adj, x).sum().backward()
-    assert not hasattr(adj, "_dist_transposed")  # used once: torch's backward
+    for _ in range(2):
+        spmm(adj, x).sum().backward()
+    assert not hasattr(adj, "_dist_transposed")  # not a plan's: torch's backward
+    marked = keep_transpose(_adjacency(30, 30, 100))
     with torch.no_grad():
-        for _ in range(2):
-            spmm(adj, x)
-    assert not hasattr(adj, "_dist_transposed")
+        spmm(marked, x)
+    assert not hasattr(marked, "_dist_transposed")
 
 
 @pytest.mark.parametrize("conv", [SAGEConv(6, 6), GraphConv(6, 6, aggr="mean"),
@@ -55,17 +59,17 @@ def test_one_off_and_gradient_free_graphs_keep_nothing():
 def test_layers_aggregate_with_it_and_equal_pyg(conv):
     from pyg_dist.nn.conv import DistGCNConv
     dist_cls = {SAGEConv: DistSAGEConv, GraphConv: DistGraphConv, GCNConv: DistGCNConv}
-    adj = _adjacency(40, 40, 300, seed=1)
+    adj = keep_transpose(_adjacency(40, 40, 300, seed=1))
     x = torch.randn(40, 6, requires_grad=True)
     expected = conv(x, adj)
     expected_grads = torch.autograd.grad(expected.sum(), [x, *conv.parameters()])
     if isinstance(conv, GCNConv):  # DistGCNConv's forward needs a partition: its aggregation
         conv.__class__ = dist_cls[type(conv)]
-        out = [conv.propagate(adj, x=conv.lin(x), edge_weight=None) + conv.bias for _ in range(2)][-1]
+        out = conv.propagate(adj, x=conv.lin(x), edge_weight=None) + conv.bias
     else:
         conv.__class__ = dist_cls[type(conv)]
         conv.project_first = False  # PyG's order: only the aggregation differs
-        out = [conv(x, adj) for _ in range(2)][-1]
+        out = conv(x, adj)
     grads = torch.autograd.grad(out.sum(), [x, *conv.parameters()])
     assert hasattr(adj, "_dist_transposed")
     assert_fp32_close(out, expected)

@@ -8,7 +8,7 @@ from torch_geometric.utils import is_torch_sparse_tensor
 
 from pyg_dist.comm import HaloPlan
 from pyg_dist.data import DistData
-from pyg_dist.nn.aggregate import spmm
+from pyg_dist.nn.aggregate import keep_transpose, spmm
 from pyg_dist.utils import csr
 
 
@@ -127,19 +127,19 @@ def whole_graph_norm(ctx, edge_index, edge_weight: Optional[Tensor], improved: b
         if ("gcn_norm", key) not in plan.cache:
             norm = _normalise(ctx, plan.data, plan.data.edge_index, None, improved,
                               add_self_loops, dtype, sort=True)
-            plan.cache[("gcn_norm", key)] = _scaled_norm(norm, plan, dtype)
+            plan.cache[("gcn_norm", key)] = keep_transpose(_scaled_norm(norm, plan, dtype))
         return plan.cache[("gcn_norm", key)], None
     norm = (_partition_norm(ctx, *key) if edge_weight is None else
             _normalise(ctx, ctx.data, ctx.data.edge_index, edge_weight, improved,
                        add_self_loops, dtype, sort=True))
     if plan.is_exact:
-        return norm.adj_t, None
+        return (keep_transpose(norm.adj_t) if edge_weight is None else norm.adj_t), None
     if edge_weight is None and ("gcn_norm", key) in plan.cache:
         return plan.cache[("gcn_norm", key)], None
     with ctx.stats.timer("sample"):  # building a sampled graph is plan building
         adj_t = _scaled_norm(norm, plan, dtype)
     if edge_weight is None:
-        plan.cache[("gcn_norm", key)] = adj_t
+        plan.cache[("gcn_norm", key)] = keep_transpose(adj_t)
     return adj_t, None
 
 
