@@ -34,8 +34,8 @@ longer allocated per step; exact training's live peak above baseline fell
 from 50 to 25 MiB on reddit-shaped, 96 to 60 on R-MAT), and training calls
 :func:`release_free_memory` at every epoch's start, so the holes of the
 first steps and of evaluation leave the resident set. RSS above baseline
-then fell from 105 to 66 MiB (reddit-shaped) and 169 to 129 MiB (R-MAT),
-still 2.2-2.7 times the live peak: libtorch's code pages and the heap's
+then fell from 100 to 65 MiB (reddit-shaped) and 162 to 127 MiB (R-MAT),
+still 2.1-2.6 times the live peak: libtorch's code pages and the heap's
 holes within one step (``benchmarks/memory.py``,
 ``benchmarks/results/memory.json``).
 """
