@@ -75,3 +75,30 @@ def test_layers_aggregate_with_it_and_equal_pyg(conv):
     assert_fp32_close(out, expected)
     for got, want in zip(grads, expected_grads):
         assert_fp32_close(got, want)
+
+
+@pytest.mark.parametrize("model_cls", ["GraphSAGE", "GCN"])
+def test_distributed_layers_keep_the_plan_s_transpose_and_equal_pyg(graph, tmp_path, model_cls):
+    import torch_geometric.nn as gnn
+    from torch_geometric.utils import to_torch_csr_tensor
+
+    import pyg_dist
+    pyg_dist.partition_graph(graph, 1, root=str(tmp_path))
+    pyg_dist.init()
+    part = pyg_dist.DistData.load(str(tmp_path), 0)
+    torch.manual_seed(0)
+    plain = getattr(gnn, model_cls)(part.num_features, 16, 2, 5)
+    model = pyg_dist.nn.distribute(getattr(gnn, model_cls)(part.num_features, 16, 2, 5), part)
+    model.load_state_dict(plain.state_dict())
+    adj = to_torch_csr_tensor(graph.edge_index.flip(0), size=(graph.num_nodes, ) * 2)
+    for step in range(2):  # the second step reuses the kept transpose
+        expected, out = plain(graph.x, adj)[part.n_id], model(part.x, part.adj_t)
+        assert_fp32_close(out, expected)
+        for got, want in zip(torch.autograd.grad(out.square().sum(), list(model.parameters())),
+                             torch.autograd.grad(expected.square().sum(),
+                                                 list(plain.parameters()))):
+            assert_fp32_close(got, want)
+    # the graph the plan served: the partition's adj_t, or GCN's normalised one
+    served = [part.adj_t] if model_cls == "GraphSAGE" else \
+        [norm.adj_t for norm in model.dist_context.memo["gcn_norm"].values()]
+    assert all(hasattr(g, "_dist_transposed") for g in served)
