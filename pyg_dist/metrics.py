@@ -71,12 +71,8 @@ def baseline_memory_metrics(device) -> Dict[str, Any]:
     glibc also ``baseline_live_mem_bytes`` (max), ``..._mean`` and
     ``baseline_live_mem_per_rank``: every rank's :func:`live_memory_bytes`
     then, the baseline of ``live_mem_*``."""
-    per_rank = [int(v) for v in gather_over_ranks(current_memory_bytes(device), device)]
-    out = {"baseline_mem_bytes": max(per_rank),
-           "baseline_mem_bytes_mean": int(sum(per_rank) / len(per_rank)),
-           "baseline_mem_per_rank": per_rank}
-    out.update(_over_ranks("baseline_live_mem", live_memory_bytes(device), device))
-    return out
+    return {**_over_ranks("baseline_mem", current_memory_bytes(device), device),
+            **_over_ranks("baseline_live_mem", live_memory_bytes(device), device)}
 
 
 def live_memory_bytes(device: torch.device = torch.device("cpu")) -> Optional[int]:
@@ -153,10 +149,7 @@ def accuracies(counts: Optional[Dict[str, float]]) -> Dict[str, Optional[float]]
 def peak_memory_metrics(peak: int, device) -> Dict[str, Any]:
     r"""``peak_mem_bytes`` (max), ``peak_mem_bytes_mean`` and
     ``peak_mem_per_rank`` from every rank's :obj:`peak` (one all-gather)."""
-    per_rank = [int(v) for v in gather_over_ranks(peak, device)]
-    return {"peak_mem_bytes": max(per_rank),
-            "peak_mem_bytes_mean": int(sum(per_rank) / len(per_rank)),
-            "peak_mem_per_rank": per_rank}
+    return _over_ranks("peak_mem", peak, device)
 
 
 def epoch_row(epoch: int, sums: Dict[str, float], maxes: Dict[str, float], peak: int,

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 from torch_geometric.utils import spmm as pyg_spmm
 
-from pyg_dist.utils import csr_tensor
+from pyg_dist.utils import csr
 
 
 def spmm(adj, x: Tensor, reduce: str = "sum") -> Tensor:
@@ -68,14 +68,13 @@ def transposed(adj: Tensor) -> Tensor:
     r"""The CSR transpose of the CSR :obj:`adj`, kept on it."""
     found = getattr(adj, "_dist_transposed", None)
     if found is None:
-        crow, col, value = adj.crow_indices(), adj.col_indices(), adj.values()
+        crow, col = adj.crow_indices(), adj.col_indices()
         row = torch.repeat_interleave(torch.arange(adj.size(0), device=col.device),
                                       crow.diff(), output_size=col.numel())
         order = torch.sort(col, stable=True).indices  # by column, rows stay sorted
-        crow_t = torch.zeros(adj.size(1) + 1, dtype=crow.dtype, device=crow.device)
-        crow_t[1:] = torch.bincount(col, minlength=adj.size(1)).cumsum(0)
-        found = csr_tensor(crow_t, row[order].to(col.dtype), value[order],
-                           (adj.size(1), adj.size(0)))
+        # the edges (row -> col) sorted by their new row, col
+        found = csr(torch.stack([row[order], col[order]]), adj.values()[order],
+                    adj.size(1), adj.size(0))
         adj._dist_transposed = found
     return found
 
