@@ -19,7 +19,7 @@ demo: install
 	$(BIN)/pyg-dist demo --workdir runs/demo --nproc 4
 
 test: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist worksteal
 
 bench: install
 	$(BIN)/python benchmarks/overhead.py

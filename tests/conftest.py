@@ -30,6 +30,22 @@ def flip_bytes(path: str, offset: int, count: int = 8) -> None:
         f.write(bytes(b ^ 0xFF for b in data))
 
 
+# Files whose tests run whole programs in fresh interpreters (10-60 s each):
+# `make test` runs the suite on two workers (pytest-xdist), and starting the
+# longest tests first keeps one worker from finishing alone on the last of them.
+LONGEST_FIRST = ("notebooks/", "tests/test_benchmarks.py", "tests/run/test_failures.py",
+                 "tests/run/test_notebook.py", "tests/run/test_multinode.py",
+                 "tests/run/test_cli.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        path = item.nodeid.split("::")[0]
+        return next((i for i, p in enumerate(LONGEST_FIRST) if path.startswith(p)),
+                    len(LONGEST_FIRST))
+    items.sort(key=rank)  # stable: each file keeps its order
+
+
 @pytest.fixture(autouse=True)
 def no_leftover_process_group():
     r"""Tests that join a world of one in this process leave none behind."""
