@@ -1,3 +1,4 @@
+import os
 import os.path as osp
 
 import pytest
@@ -36,6 +37,14 @@ def flip_bytes(path: str, offset: int, count: int = 8) -> None:
 LONGEST_FIRST = ("notebooks/", "tests/test_benchmarks.py", "tests/run/test_failures.py",
                  "tests/run/test_notebook.py", "tests/run/test_multinode.py",
                  "tests/run/test_cli.py")
+
+
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Two workers share the cores: a worker's own tensor operations (the
+        # single-process references) run on one thread, so neither waits in an
+        # OpenMP barrier for a core the other worker holds. Ranks set their own.
+        torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):
