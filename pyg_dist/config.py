@@ -45,6 +45,12 @@ LEGACY_FIELDS = {
     "background_sampling": ("full", "background"),
     "extra": None,
 }
+# The defaults of the release that wrote only the legacy fields, where they
+# differ from the loader's option default now: that release wrote every
+# field, its defaults included, so a value equal to its default was not
+# chosen (the neighbour loader samples in one background worker by default
+# since; workers are run control, so results do not depend on them).
+LEGACY_DEFAULTS = {"sampler_workers": 0}
 
 
 @dataclass
@@ -225,7 +231,7 @@ def _with_legacy(loader_args: Dict[str, Any], loader: str, old: str,
     if target is None or target[0] != loader or target[1] in loader_args \
             or loader not in LOADERS:
         return loader_args
-    if value == _option_default(loader, target[1]):
+    if value == LEGACY_DEFAULTS.get(old, _option_default(loader, target[1])):
         return loader_args
     return {**loader_args, target[1]: value}
 

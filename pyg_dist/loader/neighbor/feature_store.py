@@ -1,4 +1,5 @@
 r"""DistDGL's distributed key-value store for node data, on collectives."""
+import math
 from typing import Dict, Optional, Sequence, Union
 
 import torch
@@ -84,6 +85,7 @@ class PartitionFeatureStore:
         # gathering the local rows apart and scattering them.
         gather = torch.zeros_like(ids)
         gather[local] = local_rows
+        replies = self._replies(request, served, keys)
         out = {}
         for key in keys:
             table = self.tensors[key]
@@ -93,10 +95,34 @@ class PartitionFeatureStore:
                 rows = table.new_empty((ids.numel(), ) + tuple(table.shape[1:]))
             if hit.numel():
                 rows.index_copy_(0, hit, self.cached[key].index_select(0, slot[slot >= 0]))
-            rows.index_copy_(0, miss[request.order],
-                             request.reply(table.index_select(0, served)))
+            rows.index_copy_(0, miss[request.order], replies[key])
             out[key] = rows
         return out
+
+    def _replies(self, request: OwnerRequest, served: Tensor,
+                 keys: Sequence[str]) -> Dict[str, Tensor]:
+        r"""The owners' rows of each key in :obj:`keys` for :obj:`request`
+        (:obj:`served`: the rows asked of this rank). Keys of 64-bit integer
+        rows (labels, original ids), when there are several, travel as the
+        columns of one tensor in one reply: an ``all_to_all`` (a round trip
+        between the ranks) fewer per such key beyond the first. Every other
+        key travels in a reply of its own."""
+        packed = [key for key in keys if self.tensors[key].dtype == torch.long]
+        packed = packed if len(packed) > 1 else []
+        replies = {key: request.reply(self.tensors[key].index_select(0, served))
+                   for key in keys if key not in packed}
+        if not packed:
+            return replies
+        widths = [math.prod(self.tensors[key].shape[1:]) for key in packed]
+        received = request.reply(torch.cat(
+            [self.tensors[key].index_select(0, served).reshape(served.numel(), width)
+             for key, width in zip(packed, widths)], dim=1))
+        start = 0
+        for key, width in zip(packed, widths):
+            replies[key] = received[:, start:start + width].reshape(
+                (received.size(0), ) + tuple(self.tensors[key].shape[1:]))
+            start += width
+        return replies
 
     def _cache_slots(self, ids: Tensor) -> Tensor:
         r"""Per id: its row in the cache, or -1."""

@@ -76,8 +76,10 @@ class PartitionNeighborLoader(Loader):
     With :obj:`num_workers` > 0, batches are sampled ahead by a
     :class:`~pyg_dist.loader.neighbor.pipeline.SamplerPool` of that many background
     workers, each with its own gloo group, at an adaptive depth (see there);
-    with 0 they are sampled when asked for. Either way a batch depends only
-    on the seed, the epoch and its step, never on the timing.
+    with 0 (this class's default) they are sampled when asked for. Training
+    (:meth:`from_inputs`, ``pyg-dist train --loader neighbor``) takes one
+    worker unless told otherwise. Either way a batch depends only on the
+    seed, the epoch and its step, never on the timing.
     :meth:`report` gives the trainer's idle time, queue length, depth, bytes
     and cache hits since the last :meth:`reset_report`. Call :meth:`close`
     on every rank after the same number of batches.
@@ -88,7 +90,7 @@ class PartitionNeighborLoader(Loader):
         Option("fanout", [15, 10, 5], "neighbours sampled per hop, one per layer, -1 for "
                "all", _fanout),
         Option("batch_size", 1024, "seed nodes per rank and step", int),
-        Option("workers", 0, "background workers sampling batches ahead of the trainer "
+        Option("workers", 1, "background workers sampling batches ahead of the trainer "
                "(ByteGNN pipelining; 0: sample in the training loop)", int,
                flag="--loader-workers", deprecated=("--sampler-workers", ),
                run_control=True),
@@ -130,7 +132,7 @@ class PartitionNeighborLoader(Loader):
 
     @classmethod
     def check(cls, num_layers: Optional[int] = None, fanout: List[int] = (15, 10, 5),
-              batch_size: int = 1024, workers: int = 0, adaptive: bool = True) -> None:
+              batch_size: int = 1024, workers: int = 1, adaptive: bool = True) -> None:
         if num_layers is not None and len(fanout) != num_layers:
             raise ValueError(f"fanout has {len(fanout)} hops but the model has "
                              f"{num_layers} layers: give one fan-out per layer")
@@ -148,8 +150,15 @@ class PartitionNeighborLoader(Loader):
 
     @classmethod
     def from_inputs(cls, inputs: LoaderInputs, fanout: List[int] = (15, 10, 5),
-                    batch_size: int = 1024, workers: int = 0,
+                    batch_size: int = 1024, workers: int = 1,
                     adaptive: bool = True) -> "PartitionNeighborLoader":
+        r"""The run's loader: by default one background worker samples the
+        next batch while the trainer steps on this one (``workers=1``).
+        Measured on ``reddit_shaped`` (30,000 nodes, 2 METIS parts, 2 ranks
+        of one thread on 2 cores loaded by another job, 3-layer GraphSAGE
+        hidden 128, fan-outs 15,10,5, 1,024 seeds, runs alternated): median
+        epochs of 5.1-6.9 s against 7.0-9.7 s sampling in the loop, with
+        the same losses bit for bit."""
         return cls(inputs.data, list(fanout), batch_size, seed=inputs.seed,
                    num_workers=workers, adaptive=adaptive, device=inputs.device,
                    cache_capacity=inputs.feature_cache_capacity or 0)
