@@ -59,6 +59,7 @@ from torch import Tensor
 from pyg_dist.comm.exchange import Run
 from pyg_dist.comm.halo import PointToPoint
 from pyg_dist.comm.ring import RingSchedule, start_round
+from pyg_dist.utils.aggregate import keep_transpose, transposed
 from pyg_dist.utils import csr_tensor
 
 #: Aggregations that decompose over the pieces of a neighbourhood.
@@ -135,13 +136,27 @@ def cut(graph, num_inner: int, schedule: RingSchedule) -> List[Piece]:
 def materialise(piece: Piece, graph) -> Piece:
     r""":obj:`piece` with its ``graph``: a compact CSR piece's columns and
     values selected from :obj:`graph` (the one it was cut from), for as long
-    as the caller holds the result."""
+    as the caller holds the result.
+
+    Where :obj:`graph` keeps its transpose (a plan's adjacency, see
+    :mod:`pyg_dist.utils.aggregate`), the piece's transpose is rows
+    ``sources`` of it, in the order a transpose of the piece would have
+    (by source, then target): the piece's backward slices it (views of its
+    columns and values) instead of sorting the piece's edges in every round
+    of every step."""
     if piece.graph is not None:
         return piece
     at = piece.position
     adj = csr_tensor(piece.ptr, graph.col_indices().index_select(0, at).sub_(piece.sources.start),
                      graph.values().index_select(0, at),
                      (piece.ptr.numel() - 1, piece.num_rows))
+    if getattr(graph, "_dist_keep_transpose", False):
+        whole = transposed(graph)
+        crow = whole.crow_indices()[piece.sources.start:piece.sources.stop + 1]
+        first, last = int(crow[0]), int(crow[-1])
+        keep_transpose(adj)._dist_transposed = csr_tensor(
+            crow - first, whole.col_indices()[first:last], whole.values()[first:last],
+            (piece.num_rows, adj.size(0)))
     return piece._replace(graph=adj)
 
 

@@ -13,7 +13,7 @@ from pyg_dist.comm.compress import get_codec
 from pyg_dist.comm.plan import Plans
 from pyg_dist.comm.stats import CommStats
 from pyg_dist.data import DistData
-from pyg_dist.nn.aggregate import keep_transpose
+from pyg_dist.utils.aggregate import keep_transpose
 from pyg_dist.nn.dropout import dropout
 from pyg_dist.nn.spec import spec_of
 

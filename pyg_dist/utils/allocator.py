@@ -29,7 +29,7 @@ epoch and rank against about 50, +0.1-0.2 s of system time per epoch and
 rank on 0.3 s of user time). Thresholds of 1 or 4 MiB fault nearly as much
 and keep most of the holes. No malloc setting gives both, so none is applied.
 What is applied instead: the aggregation keeps a reused adjacency's
-transpose (:mod:`pyg_dist.nn.aggregate`: the edge-sized buffers are no
+transpose (:mod:`pyg_dist.utils.aggregate`: the edge-sized buffers are no
 longer allocated per step; exact training's live peak above baseline fell
 from 50 to 25 MiB on reddit-shaped, 96 to 60 on R-MAT), and training calls
 :func:`release_free_memory` at every epoch's start, so the holes of the

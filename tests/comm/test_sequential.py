@@ -174,3 +174,47 @@ def test_config_refusals():
             TrainConfig(exchange="sequential", **kwargs).validate()
     for kwargs in (dict(sampler="bns"), dict(overlap=True), dict(exchange_dtype="int8")):
         TrainConfig(exchange="sequential", **kwargs).validate()
+
+
+class _Rounds:
+    r"""A ring's rounds as source ranges of a graph (the slices
+    :class:`~pyg_dist.comm.ring.RingSchedule` derives from a plan)."""
+
+    def __init__(self, bounds):
+        self.bounds, self.world = bounds, len(bounds) - 1
+
+    def sources(self, k):
+        return slice(self.bounds[k], self.bounds[k + 1])
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_pieces_slice_the_plan_s_kept_transpose(reduce):
+    r"""A piece of a graph that keeps its transpose (a plan's) takes its
+    transpose as a slice of the graph's: the same edges in the order a
+    transpose of the piece has, and the same gradient as torch's backward
+    of the piece; a piece of an unmarked graph keeps nothing."""
+    from pyg_dist.comm.sequential import cut, materialise
+    from pyg_dist.utils.aggregate import keep_transpose, spmm, transposed
+    gen = torch.Generator().manual_seed(0)
+    num_inner, num_src, num_edges = 30, 70, 400
+    edge_index = torch.stack([torch.randint(0, num_src, (num_edges, ), generator=gen),
+                              torch.randint(0, num_inner, (num_edges, ), generator=gen)])
+    values = torch.rand(num_edges, generator=gen)
+    plain = to_torch_csr_tensor(edge_index.flip(0), values, (num_inner, num_src))
+    marked = keep_transpose(to_torch_csr_tensor(edge_index.flip(0), values, (num_inner, num_src)))
+    rounds = _Rounds([0, num_inner, 50, num_src])
+    for piece in cut(marked, num_inner, rounds):
+        kept = materialise(piece, marked).graph
+        fresh = materialise(piece, plain).graph
+        assert not hasattr(fresh, "_dist_transposed")
+        expected, got = transposed(fresh), kept._dist_transposed
+        assert got.shape == expected.shape == (piece.num_rows, num_inner)
+        for a, b in [(got.crow_indices(), expected.crow_indices()),
+                     (got.col_indices(), expected.col_indices()),
+                     (got.values(), expected.values())]:
+            assert torch.equal(a, b)
+        x = torch.randn(piece.num_rows, 8, generator=gen, requires_grad=True)
+        out_grad = torch.randn(num_inner, 8, generator=gen)
+        ours = torch.autograd.grad(spmm(kept, x, reduce), x, out_grad)[0]
+        torch_s = torch.autograd.grad(spmm(fresh, x, reduce), x, out_grad)[0]
+        assert_fp32_close(ours, torch_s)

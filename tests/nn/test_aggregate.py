@@ -1,4 +1,4 @@
-"""pyg_dist.nn.aggregate: the sparse aggregation whose backward keeps the
+"""pyg_dist.utils.aggregate: the sparse aggregation whose backward keeps the
 adjacency's transpose equals PyG's spmm (outputs and gradients), keeps the
 transpose only on an adjacency a plan serves, and is what the layers call."""
 import pytest
@@ -6,7 +6,7 @@ import torch
 from torch_geometric.nn import GCNConv, GraphConv, SAGEConv
 from torch_geometric.utils import spmm as pyg_spmm
 
-from pyg_dist.nn.aggregate import keep_transpose, spmm
+from pyg_dist.utils.aggregate import keep_transpose, spmm
 from pyg_dist.nn.conv import DistGraphConv
 from pyg_dist.nn.conv.sage_conv import DistSAGEConv
 from pyg_dist.utils import csr_tensor

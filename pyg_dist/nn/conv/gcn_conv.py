@@ -8,7 +8,7 @@ from torch_geometric.utils import is_torch_sparse_tensor
 
 from pyg_dist.comm import HaloPlan
 from pyg_dist.data import DistData
-from pyg_dist.nn.aggregate import keep_transpose, spmm
+from pyg_dist.utils.aggregate import keep_transpose, spmm
 from pyg_dist.utils import csr
 
 
@@ -60,7 +60,7 @@ class DistGCNConv(GCNConv):
         return out
 
     def message_and_aggregate(self, adj_t: Adj, x: Tensor) -> Tensor:
-        if isinstance(adj_t, Tensor):  # a torch.sparse adjacency: pyg_dist.nn.aggregate
+        if isinstance(adj_t, Tensor):  # a torch.sparse adjacency: pyg_dist.utils.aggregate
             return spmm(adj_t, x, reduce=self.aggr)
         return super().message_and_aggregate(adj_t, x)
 

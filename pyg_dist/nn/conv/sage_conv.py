@@ -7,7 +7,7 @@ from torch.nn.parameter import UninitializedParameter
 from torch_geometric.nn import GraphConv, SAGEConv
 from torch_geometric.typing import Adj, OptPairTensor, OptTensor
 
-from pyg_dist.nn.aggregate import spmm
+from pyg_dist.utils.aggregate import spmm
 
 #: Aggregations that commute with a linear map: :math:`\mathrm{aggr}_j(W
 #: x_j) = W\,\mathrm{aggr}_j(x_j)`.
@@ -87,7 +87,7 @@ class DistSAGEConv(SAGEConv):
         return out
 
     def message_and_aggregate(self, adj_t: Adj, x: OptPairTensor) -> Tensor:
-        if isinstance(adj_t, Tensor):  # a torch.sparse adjacency: pyg_dist.nn.aggregate
+        if isinstance(adj_t, Tensor):  # a torch.sparse adjacency: pyg_dist.utils.aggregate
             return spmm(adj_t, x[0], reduce=self.aggr)
         return super().message_and_aggregate(adj_t, x)
 
