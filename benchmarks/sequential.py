@@ -10,7 +10,8 @@ threshold pinned, so that freed tensors leave the resident set, a labelled
 extra). Per run: the
 peak memory per rank above ``baseline_mem_bytes`` (interpreter, libraries,
 partition and model), max over ranks and over the training epochs (the
-last, evaluating one included), and the epoch time (mean over the epochs
+last, evaluating one included), the same for live memory (glibc's bytes in
+use above ``baseline_live_mem_bytes``), and the epoch time (mean over the epochs
 after the first, slowest rank). One rank is the single-process reference
 (no exchange: both modes are the same computation).
 
@@ -100,7 +101,13 @@ def one_run(root: str, ranks: int, exchange: str, args) -> Dict[str, Any]:
     above = [max(r["peak_mem_per_rank"][i] for r in rows) - rows[-1]["baseline_mem_per_rank"][i]
              for i in range(ranks)]
     timed = rows[1:] or rows
-    return {"epoch_time": statistics.fmean(r["time"] for r in timed),
+    # live memory (glibc's bytes in use), where the C library reports it
+    live = [max(r["live_mem_per_rank"][i] for r in rows)
+            - rows[-1]["baseline_live_mem_per_rank"][i]
+            for i in range(ranks)] if rows[-1].get("live_mem_per_rank") else None
+    return {"live_above_baseline_max": max(live) if live else None,
+            "live_above_baseline_per_rank": live,
+"epoch_time": statistics.fmean(r["time"] for r in timed),
             "time_comm": statistics.fmean(r["time_comm"] for r in timed),
             "above_baseline_max": max(above), "above_baseline_per_rank": above,
             "baseline_mem_max": max(rows[-1]["baseline_mem_per_rank"]),
@@ -144,13 +151,15 @@ def checks(results: List[Dict[str, Any]]) -> List[str]:
 
 def table(results: List[Dict[str, Any]]) -> str:
     lines = ["| graph | ranks | halo/inner (min-max) | exchange | MiB/rank above baseline "
-             "| linear ideal | s/epoch | halo wait s | MiB sent/epoch | test acc |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| live MiB/rank | linear ideal | s/epoch | halo wait s | MiB sent/epoch "
+             "| test acc |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         single = next(s for s in results if s["graph"] == r["graph"] and s["ranks"] == 1)
+        live = r.get("live_above_baseline_max")
         lines.append(
             f"| {r['graph']} | {r['ranks']} | {r['halo_ratio_min']:.2f}-{r['halo_ratio_max']:.2f} "
             f"| {r['exchange']} | {r['above_baseline_max'] / MiB:.0f} | "
+            f"{'-' if live is None else f'{live / MiB:.0f}'} | "
             f"{single['above_baseline_max'] / MiB / r['ranks']:.0f} | {r['epoch_time']:.2f} | "
             f"{r['time_comm']:.2f} | {r['sent_mib_per_epoch']:.1f} | {r['test_acc']:.3f} |")
     return "\n".join(lines)
@@ -228,7 +237,8 @@ def main() -> None:
                 results.append({"graph": graph, "ranks": ranks, "exchange": exchange,
                                 **{k: v for k, v in parts.items() if k != "root"}, **one})
                 print(f"  {graph} {ranks} ranks {exchange}: "
-                      f"{one['above_baseline_max'] / MiB:.0f} MiB/rank above baseline, "
+                      f"{one['above_baseline_max'] / MiB:.0f} MiB/rank above baseline "
+                      f"(live {(one['live_above_baseline_max'] or 0) / MiB:.0f}), "
                       f"{one['epoch_time']:.2f} s/epoch", flush=True)
                 save(args, results, started, checks(results))
         del data
