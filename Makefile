@@ -7,12 +7,10 @@ TORCH ?= torch==2.13.0
 
 .PHONY: install demo test bench bench-suite bench-quick bench-env clean
 
-# --no-compile: modules are byte-compiled when first imported (pip byte-compiling all of
-# torch took 19 of its 26 s to install here).
 $(BIN)/pyg-dist: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --no-compile --disable-pip-version-check $(TORCH)
-	$(BIN)/pip install -q --no-compile --disable-pip-version-check -e ".[test]"
+	$(BIN)/pip install -q --disable-pip-version-check $(TORCH)
+	$(BIN)/pip install -q --disable-pip-version-check -e ".[test]"
 	touch $@
 
 install: $(BIN)/pyg-dist
