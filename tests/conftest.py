@@ -32,9 +32,11 @@ def flip_bytes(path: str, offset: int, count: int = 8) -> None:
 
 
 # Files whose tests run whole programs in fresh interpreters (10-60 s each),
-# the longest first.
-LONG = ("notebooks/", "tests/test_benchmarks.py", "tests/run/test_failures.py",
-        "tests/run/test_notebook.py", "tests/run/test_multinode.py", "tests/run/test_cli.py")
+# the longest first: `make test` runs the suite on two workers (pytest-xdist),
+# and starting these first keeps a worker from ending alone on one of them.
+LONGEST_FIRST = ("notebooks/", "tests/test_benchmarks.py", "tests/run/test_failures.py",
+                 "tests/run/test_notebook.py", "tests/run/test_multinode.py",
+                 "tests/run/test_cli.py")
 
 
 def pytest_configure(config):
@@ -46,26 +48,11 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    r"""Under ``-n N --dist worksteal`` (``make test``), xdist hands worker
-    :math:`w` the :math:`w`-th of :math:`N` consecutive, equal shares of the
-    collection and later moves tests from the end of one worker's queue to
-    another's. So the long tests are dealt out in turn to the starts of the
-    shares: every worker begins with its part of them, and none is left
-    running them after the others ran out of short ones."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))  # set in xdist's workers
-    if workers < 2:
-        return
     def rank(item) -> int:
-        return next(i for i, prefix in enumerate(LONG) if item.nodeid.startswith(prefix))
-    long = sorted((item for item in items if item.nodeid.startswith(LONG)), key=rank)
-    short = [item for item in items if not item.nodeid.startswith(LONG)]
-    ordered = []
-    for w in range(workers):
-        share = (len(items) - len(ordered)) // (workers - w)  # as xdist cuts the shares
-        dealt = long[w::workers]
-        ordered += dealt + short[:share - len(dealt)]
-        del short[:share - len(dealt)]
-    items[:] = ordered + short
+        path = item.nodeid.split("::")[0]
+        return next((i for i, p in enumerate(LONGEST_FIRST) if path.startswith(p)),
+                    len(LONGEST_FIRST))
+    items.sort(key=rank)  # stable: each file keeps its order
 
 
 @pytest.fixture(autouse=True)

@@ -133,24 +133,24 @@ def cut(graph, num_inner: int, schedule: RingSchedule) -> List[Piece]:
     return pieces
 
 
-def materialise(piece: Piece, graph) -> Piece:
+def materialise(piece: Piece, graph, backward: bool = False) -> Piece:
     r""":obj:`piece` with its ``graph``: a compact CSR piece's columns and
     values selected from :obj:`graph` (the one it was cut from), for as long
     as the caller holds the result.
 
-    Where :obj:`graph` keeps its transpose (a plan's adjacency, see
-    :mod:`pyg_dist.utils.aggregate`), the piece's transpose is rows
-    ``sources`` of it, in the order a transpose of the piece would have
-    (by source, then target): the piece's backward slices it (views of its
-    columns and values) instead of sorting the piece's edges in every round
-    of every step."""
+    For a :obj:`backward` where :obj:`graph` keeps its transpose (a plan's
+    adjacency, see :mod:`pyg_dist.utils.aggregate`), the piece's transpose
+    is rows ``sources`` of it, in the order a transpose of the piece would
+    have (by source, then target): the piece's backward slices it (views of
+    its columns and values) instead of sorting the piece's edges in every
+    round of every step."""
     if piece.graph is not None:
         return piece
     at = piece.position
     adj = csr_tensor(piece.ptr, graph.col_indices().index_select(0, at).sub_(piece.sources.start),
                      graph.values().index_select(0, at),
                      (piece.ptr.numel() - 1, piece.num_rows))
-    if getattr(graph, "_dist_keep_transpose", False):
+    if backward and getattr(graph, "_dist_keep_transpose", False):
         whole = transposed(graph)
         crow = whole.crow_indices()[piece.sources.start:piece.sources.stop + 1]
         first, last = int(crow[0]), int(crow[-1])
@@ -401,8 +401,8 @@ class _SequentialAggregation(torch.autograd.Function):
         replay = any(state is not None for state in fctx.rng)
         with torch.random.fork_rng(devices=_rng_devices(grad), enabled=replay):
             for k, rows in _rounds(spec, sources, spec.key + ".refetch"):
-                piece = materialise(spec.pieces[k], spec.graph) if spec.pieces[k].num_edges \
-                    else spec.pieces[k]
+                piece = materialise(spec.pieces[k], spec.graph, backward=True) \
+                    if spec.pieces[k].num_edges else spec.pieces[k]
                 leaves = [r.requires_grad_(s.requires_grad) for r, s in zip(rows, sources)]
                 row_grads: List[Optional[Tensor]] = [None] * len(rows)
                 if piece.num_edges:

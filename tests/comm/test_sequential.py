@@ -190,9 +190,10 @@ class _Rounds:
 @pytest.mark.parametrize("reduce", ["sum", "mean"])
 def test_pieces_slice_the_plan_s_kept_transpose(reduce):
     r"""A piece of a graph that keeps its transpose (a plan's) takes its
-    transpose as a slice of the graph's: the same edges in the order a
-    transpose of the piece has, and the same gradient as torch's backward
-    of the piece; a piece of an unmarked graph keeps nothing."""
+    transpose as a slice of the graph's for its backward: the same edges in
+    the order a transpose of the piece has, and the same gradient as torch's
+    backward of the piece; a piece of an unmarked graph, or one for a
+    forward, keeps nothing."""
     from pyg_dist.comm.sequential import cut, materialise
     from pyg_dist.utils.aggregate import keep_transpose, spmm, transposed
     gen = torch.Generator().manual_seed(0)
@@ -204,9 +205,10 @@ def test_pieces_slice_the_plan_s_kept_transpose(reduce):
     marked = keep_transpose(to_torch_csr_tensor(edge_index.flip(0), values, (num_inner, num_src)))
     rounds = _Rounds([0, num_inner, 50, num_src])
     for piece in cut(marked, num_inner, rounds):
-        kept = materialise(piece, marked).graph
-        fresh = materialise(piece, plain).graph
+        kept = materialise(piece, marked, backward=True).graph
+        fresh = materialise(piece, plain, backward=True).graph
         assert not hasattr(fresh, "_dist_transposed")
+        assert not hasattr(materialise(piece, marked).graph, "_dist_transposed")  # forward
         expected, got = transposed(fresh), kept._dist_transposed
         assert got.shape == expected.shape == (piece.num_rows, num_inner)
         for a, b in [(got.crow_indices(), expected.crow_indices()),
