@@ -61,7 +61,6 @@ def _glibc() -> Optional[ctypes.CDLL]:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.gnu_get_libc_version.restype = ctypes.c_char_p
         libc.mallinfo2.restype = _Mallinfo2
-        libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
         libc.malloc_trim.argtypes = (ctypes.c_size_t, )
     except (OSError, AttributeError):
         return None
