@@ -18,8 +18,10 @@ install: $(BIN)/pyg-dist
 demo: install
 	$(BIN)/pyg-dist demo --workdir runs/demo --nproc 4
 
+# Three pytest workers on any machine: most tests wait on processes they started, so a
+# third worker fills the waits even on 2 cores (docs/tests.md).
 test: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist worksteal
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 3 --dist worksteal
 
 bench: install
 	$(BIN)/python benchmarks/overhead.py

@@ -32,7 +32,7 @@ def flip_bytes(path: str, offset: int, count: int = 8) -> None:
 
 
 # Files whose tests run whole programs in fresh interpreters (10-60 s each),
-# the longest first: `make test` runs the suite on two workers (pytest-xdist),
+# the longest first: `make test` runs the suite on three workers (pytest-xdist),
 # and starting these first keeps a worker from ending alone on one of them.
 LONGEST_FIRST = ("notebooks/", "tests/test_benchmarks.py", "tests/run/test_failures.py",
                  "tests/run/test_notebook.py", "tests/run/test_multinode.py",
@@ -41,9 +41,9 @@ LONGEST_FIRST = ("notebooks/", "tests/test_benchmarks.py", "tests/run/test_failu
 
 def pytest_configure(config):
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        # Two workers share the cores: a worker's own tensor operations (the
-        # single-process references) run on one thread, so neither waits in an
-        # OpenMP barrier for a core the other worker holds. Ranks set their own.
+        # Workers share the cores: a worker's own tensor operations (the
+        # single-process references) run on one thread, so none waits in an
+        # OpenMP barrier for a core another worker holds. Ranks set their own.
         torch.set_num_threads(1)
 
 
