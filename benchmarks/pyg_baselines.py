@@ -494,6 +494,10 @@ def has_loader_backend(python: str) -> Optional[str]:
     per Python)."""
     if not osp.exists(python):
         return f"{python} not found (make bench-env)"
+    if osp.abspath(python) == osp.abspath(sys.executable):  # not realpath: venvs link one binary
+        # this interpreter: asked here, not in a new one (which imports PyG anew, ~5 s)
+        import torch_geometric.typing as t
+        return None if t.WITH_TORCH_SPARSE or t.WITH_PYG_LIB else "no torch-sparse or pyg-lib"
     probe = ("import torch_geometric.typing as t; "
              "assert t.WITH_TORCH_SPARSE or t.WITH_PYG_LIB, 'no torch-sparse or pyg-lib'")
     proc = subprocess.run([python, "-c", probe], capture_output=True, text=True)
