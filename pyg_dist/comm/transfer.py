@@ -19,6 +19,7 @@ from torch import Tensor
 
 from pyg_dist.comm.compress import RowCodec
 from pyg_dist.comm.stats import CommStats
+from pyg_dist.utils.hugepages import empty_like_rows
 
 
 def _timers(stats: Optional[CommStats], backward: bool) -> ExitStack:
@@ -97,7 +98,7 @@ def wire_row_bytes(x: Tensor, codec: Optional[RowCodec] = None) -> int:
 
 
 def _start_split(send: Tensor, send_counts: List[int], recv_counts: List[int], group):
-    recv = send.new_empty((sum(recv_counts), ) + tuple(send.shape[1:]))
+    recv = empty_like_rows(send, sum(recv_counts))
     send = send.contiguous()
     if dist.get_backend(group) != "gloo":
         work = dist.all_to_all_single(recv, send, output_split_sizes=recv_counts,

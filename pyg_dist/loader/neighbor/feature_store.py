@@ -10,6 +10,7 @@ from pyg_dist.comm.request import OwnerRequest
 from pyg_dist.data import DistData
 from pyg_dist.comm.stats import CommStats
 from pyg_dist.partition.book import owner_of
+from pyg_dist.utils.hugepages import empty_like_rows
 
 class PartitionFeatureStore:
     r"""Node data of the whole graph, each row stored once on its owner
@@ -89,10 +90,9 @@ class PartitionFeatureStore:
         out = {}
         for key in keys:
             table = self.tensors[key]
+            rows = empty_like_rows(table, ids.numel())
             if table.size(0):
-                rows = table.index_select(0, gather)
-            else:  # no inner rows: every row is remote
-                rows = table.new_empty((ids.numel(), ) + tuple(table.shape[1:]))
+                torch.index_select(table, 0, gather, out=rows)
             if hit.numel():
                 rows.index_copy_(0, hit, self.cached[key].index_select(0, slot[slot >= 0]))
             rows.index_copy_(0, miss[request.order], replies[key])
@@ -109,7 +109,7 @@ class PartitionFeatureStore:
         key travels in a reply of its own."""
         packed = [key for key in keys if self.tensors[key].dtype == torch.long]
         packed = packed if len(packed) > 1 else []
-        replies = {key: request.reply(self.tensors[key].index_select(0, served))
+        replies = {key: request.reply(self._served_rows(key, served))
                    for key in keys if key not in packed}
         if not packed:
             return replies
@@ -123,6 +123,10 @@ class PartitionFeatureStore:
                 (received.size(0), ) + tuple(self.tensors[key].shape[1:]))
             start += width
         return replies
+
+    def _served_rows(self, key: str, served: Tensor) -> Tensor:
+        table = self.tensors[key]
+        return torch.index_select(table, 0, served, out=empty_like_rows(table, served.numel()))
 
     def _cache_slots(self, ids: Tensor) -> Tensor:
         r"""Per id: its row in the cache, or -1."""
