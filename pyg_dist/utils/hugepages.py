@@ -20,7 +20,7 @@ Linux) or ``madvise`` fails, the buffer is an ordinary :func:`torch.empty`.
 import ctypes
 import ctypes.util
 import sys
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -30,7 +30,7 @@ _HUGE = 2 * 2**20
 _MADV_HUGEPAGE = 14
 
 
-def _madvise() -> Optional[ctypes._CFuncPtr]:
+def _madvise() -> Optional[Callable[[int, int, int], int]]:
     if not sys.platform.startswith("linux"):
         return None
     try:

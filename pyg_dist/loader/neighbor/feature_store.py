@@ -12,6 +12,7 @@ from pyg_dist.comm.stats import CommStats
 from pyg_dist.partition.book import owner_of
 from pyg_dist.utils.hugepages import empty_like_rows
 
+
 class PartitionFeatureStore:
     r"""Node data of the whole graph, each row stored once on its owner
     (DistDGL §4.1.3). :meth:`pull` returns the rows of any relabelled global
