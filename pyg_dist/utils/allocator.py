@@ -38,6 +38,15 @@ then fell from 100 to 65 MiB (reddit-shaped) and 162 to 127 MiB (R-MAT),
 still 2.1-2.6 times the live peak: libtorch's code pages and the heap's
 holes within one step (``benchmarks/memory.py``,
 ``benchmarks/results/memory.json``).
+
+No malloc setting alone reaches 1.25 times the live peak: with every chunk
+above 64 KiB mapped on its own, RSS above baseline was still 1.44 times it
+(41.8 against 29.0 MiB, reddit-shaped, exact, 4 parts; 2026-11-27, by
+hand, two alternated rounds), the code pages the first step runs being
+most of the difference. ``THP_MEM_ALLOC_ENABLE=1`` (torch maps its buffers
+of 2 MiB and more on huge pages) with a 256 KiB threshold gave the same
+1.44, and with a 2 MiB threshold 2.0; their epoch times were within that
+day's noise of the default's.
 """
 import ctypes
 import ctypes.util
