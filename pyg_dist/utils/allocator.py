@@ -61,17 +61,27 @@ class _Mallinfo2(ctypes.Structure):
         "fordblks", "keepcost")]
 
 
-def _glibc() -> Optional[ctypes.CDLL]:
-    r"""This process' C library if it is glibc with ``mallinfo2`` (2.33+),
-    else ``None`` (macOS, Windows, musl)."""
+def c_library() -> Optional[ctypes.CDLL]:
+    r"""This process' C library on Linux, else ``None``."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+def _glibc() -> Optional[ctypes.CDLL]:
+    r"""This process' C library if it is glibc with ``mallinfo2`` (2.33+),
+    else ``None`` (macOS, Windows, musl)."""
+    libc = c_library()
+    if libc is None:
+        return None
+    try:
         libc.gnu_get_libc_version.restype = ctypes.c_char_p
         libc.mallinfo2.restype = _Mallinfo2
         libc.malloc_trim.argtypes = (ctypes.c_size_t, )
-    except (OSError, AttributeError):
+    except AttributeError:
         return None
     return libc
 

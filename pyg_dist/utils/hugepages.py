@@ -18,11 +18,11 @@ Where the kernel has no transparent huge pages (mode ``never``, not
 Linux) or ``madvise`` fails, the buffer is an ordinary :func:`torch.empty`.
 """
 import ctypes
-import ctypes.util
-import sys
 from typing import Callable, Optional, Sequence
 
 import torch
+
+from pyg_dist.utils.allocator import c_library
 
 #: Buffers from this size on get huge pages: glibc maps them on their own.
 MIN_BYTES = 32 * 2**20
@@ -31,13 +31,13 @@ _MADV_HUGEPAGE = 14
 
 
 def _madvise() -> Optional[Callable[[int, int, int], int]]:
-    if not sys.platform.startswith("linux"):
+    libc = c_library()
+    if libc is None:
         return None
     try:
         with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
             if "[never]" in f.read():
                 return None
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     except OSError:
         return None
     libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
