@@ -17,6 +17,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     from pyg_dist.comm import EXCHANGES
     from pyg_dist.comm.compress import CODECS
     from pyg_dist.config import MODELS, TrainConfig
+    from pyg_dist.utils.allocator import MALLOC_MODES
     d = TrainConfig()
     p.add_argument("--model", choices=sorted(MODELS), default=d.model)
     p.add_argument("--layers", type=int, default=d.num_layers, dest="num_layers")
@@ -36,6 +37,11 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                         "ignored under torchrun)")
     p.add_argument("--timeout", type=_positive(float, "--timeout"), default=DEFAULT_TIMEOUT,
                    help="seconds a rank waits for a peer before failing")
+    p.add_argument("--malloc", choices=list(MALLOC_MODES), default=d.malloc,
+                   help="the ranks' allocator. system: glibc and torch as they are; "
+                        "compact: resident memory follows live memory (chunks from "
+                        "256 KiB mapped alone, huge pages from 2 MiB), for page faults "
+                        "every step (docs/memory.md)")
     p.add_argument("--exchange-dtype", choices=list(CODECS), default=d.exchange_dtype,
                    help="how halo rows and gradients travel (int8: per-row scale)")
     p.add_argument("--exchange", choices=list(EXCHANGES), default=d.exchange,
@@ -180,7 +186,7 @@ def _config(args: argparse.Namespace, argv: List[str]):
                        progress=not args.no_progress,
                        **_component_args(args, argv),
                        precompute_layer0=args.precompute_layer0,
-                       exchange_dtype=args.exchange_dtype,
+                       exchange_dtype=args.exchange_dtype, malloc=args.malloc,
                        exchange=args.exchange, clip_grad=args.clip_grad,
                        feature_cache=args.feature_cache,
                        feature_cache_capacity=args.feature_cache_capacity,

@@ -18,6 +18,7 @@ from pyg_dist.nn.async_layers import check_overlap
 from pyg_dist.nn.dropout import fast_dropout
 from pyg_dist.nn.spec import LayerSpec, spec_of
 from pyg_dist.sampler import SAMPLERS, check_sampler
+from pyg_dist.utils.allocator import MALLOC_MODES
 
 MODELS = {"gcn": GCN, "sage": GraphSAGE, "gat": GAT, "gin": GIN}
 
@@ -113,6 +114,10 @@ class TrainConfig:
     resume: bool = False
     # Train into an out_dir that already holds a run, replacing it.
     overwrite: bool = False
+    # The ranks' allocator: "system" (glibc and torch as they are) or "compact"
+    # (pyg_dist.utils.allocator.follow_live_memory: resident memory follows
+    # live memory, for page faults every step).
+    malloc: str = "system"
     @classmethod
     def from_dict(cls, values: Dict[str, Any]) -> "TrainConfig":
         r"""The config of :obj:`values` (e.g. ``summary.json``'s), also as
@@ -164,6 +169,9 @@ class TrainConfig:
         if self.clip_grad is not None and not (math.isfinite(self.clip_grad)
                                                and self.clip_grad > 0):
             raise ValueError(f"clip_grad must be > 0 and finite (got {self.clip_grad})")
+        if self.malloc not in MALLOC_MODES:
+            raise ValueError(f"malloc must be one of {', '.join(MALLOC_MODES)} "
+                             f"(got {self.malloc!r})")
         check_sampler(self.sampler, self.sampler_args)
         get_codec(self.exchange_dtype)
         check_overlap(self.overlap)

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from pyg_dist.distributed import (DEFAULT_TIMEOUT, die_with_parent, init, name_lost_ranks,
                                   rank_threads, spawn, stop_heartbeat, stop_on_sigterm)
 from pyg_dist.partition.book import read_meta
+from pyg_dist.utils.allocator import ask_torch_for_huge_pages
 
 
 def run_training(root: str, config, out: Optional[str], nproc: Optional[int] = None,
@@ -24,6 +25,8 @@ def run_training(root: str, config, out: Optional[str], nproc: Optional[int] = N
     from pyg_dist.train import train
     config.validate()
     check_training(root, config, out, nproc)
+    if config.malloc == "compact":  # before the ranks (and their forkserver) start torch
+        ask_torch_for_huge_pages()
     return run_ranks(train, (root, config, out), root, nproc, timeout)
 
 

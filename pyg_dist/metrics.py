@@ -12,7 +12,7 @@ from torch import Tensor
 from pyg_dist.datasets.real import f1_counts
 from pyg_dist.distributed import gather_over_ranks, max_over_ranks, sum_over_ranks
 from pyg_dist.integrity import save_checked, save_json
-from pyg_dist.utils.allocator import PeakSampler, malloc_in_use
+from pyg_dist.utils.allocator import PeakSampler, code_resident_bytes, malloc_in_use
 
 
 def reset_peak_memory(device: torch.device = torch.device("cpu")) -> None:
@@ -82,6 +82,27 @@ def live_memory_bytes(device: torch.device = torch.device("cpu")) -> Optional[in
     ``None`` on CUDA (whose allocated bytes ``peak_mem_bytes`` already
     is) and without glibc."""
     return malloc_in_use() if device.type == "cpu" else None
+
+
+def code_memory_bytes(device: torch.device = torch.device("cpu")) -> Optional[int]:
+    r"""The resident bytes of this process' machine code
+    (:func:`~pyg_dist.utils.allocator.code_resident_bytes`) on CPU; ``None``
+    on CUDA (whose memory figures are allocations) and where unreadable."""
+    return code_resident_bytes() if device.type == "cpu" else None
+
+
+def code_memory_metrics(now: Optional[int], baseline: Optional[int],
+                        device) -> Dict[str, Any]:
+    r"""``code_mem_bytes`` (max over ranks), ``code_mem_bytes_mean`` and
+    ``code_mem_per_rank``: the machine code every rank has paged in since
+    the baseline (:obj:`now` minus :obj:`baseline`, read at an epoch's
+    start): libtorch's kernels the first steps and evaluation ran, a few
+    MiB per rank, shared by every process on the machine and independent
+    of the graph. In an epoch's RSS peak (``peak_mem_*``), so that
+    ``peak_mem - baseline_mem - code_mem`` is what the training's data
+    adds. Nothing where a rank cannot read it (one all-gather)."""
+    value = None if now is None or baseline is None else max(now - baseline, 0)
+    return _over_ranks("code_mem", value, device)
 
 
 def live_peak_sampler(device: torch.device = torch.device("cpu")) -> Optional[PeakSampler]:

@@ -8,6 +8,7 @@ import os
 import os.path as osp
 import shutil
 import time
+import warnings
 from contextlib import nullcontext
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -36,10 +37,11 @@ from pyg_dist.nn.trim import trimmed, trims
 from pyg_dist.metrics import (MASKS, MetricsWriter, correct_counts, accuracies,  # noqa: F401
                               baseline_memory_metrics, current_memory_bytes, epoch_row,
                               live_peak_sampler, peak_memory_bytes, reduce_over_ranks,
+                              code_memory_bytes, code_memory_metrics,
                               reset_peak_memory, summarize)
 from pyg_dist.partition.book import read_meta
 from pyg_dist.reducer import GradientReducer, reduces
-from pyg_dist.utils.allocator import release_free_memory
+from pyg_dist.utils.allocator import THP_ENV, follow_live_memory, release_free_memory
 from pyg_dist.sampler import build_sampler
 from pyg_dist.utils.sparse import valid_sparse
 
@@ -58,7 +60,13 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     ``state_dict``, see :func:`load_model`). Returns the summary.
     """
     config.validate()
+    huge_pages = follow_live_memory() if config.malloc == "compact" else None
     init()
+    if huge_pages is False and dist.get_rank() == 0:
+        warnings.warn(f"--malloc compact: torch's buffers do not get huge pages (torch had "
+                      f"allocated one of 2 MiB before the setting): every step faults in "
+                      f"4 KiB pages. Set {THP_ENV}=1 in the ranks' environment (e.g. "
+                      f"torchrun's) to have them.", stacklevel=2)
     require_training_nodes(root, read_meta(root))
     old_run = claim_out_dir(out_dir, config)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -99,6 +107,7 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     if config.loader == "full":  # every epoch reads all of it: in the baseline, as documented
         read_mapped_pages(data.x)
     run.baseline = baseline_memory_metrics(device)
+    run.baseline_code = code_memory_bytes(device)
     try:
         for epoch in epochs:
             row, stop = run.epoch(epoch)
@@ -182,6 +191,7 @@ class _Run:
         self.takes_adj_t = model_layer(config.model).takes_adj_t
         self.trims = trims(model)  # a sampled batch's layers: only the rows needed
         self.baseline: Dict[str, Any] = {}  # memory before the first step
+        self.baseline_code: Optional[int] = None  # its executable pages
         self.live = live_peak_sampler(device)  # the peak of live memory, per epoch
         # The all-reduce overlaps backward, unless each rank must clip its
         # whole local gradient first (SANCUS).
@@ -202,6 +212,7 @@ class _Run:
         stats, loader = self.stats, self.loader
         stats.reset()
         loader.reset_metrics()
+        code = code_memory_bytes(self.device)
         start = time.perf_counter()
         # What the last epoch freed (its holes in the heap, one-off buffers,
         # evaluation) leaves the resident set before this epoch's peak.
@@ -235,6 +246,7 @@ class _Run:
         sums, maxes = reduce_over_ranks(sums, maxes, self.device)
         row = epoch_row(epoch, sums, maxes, peak, self.device, self.world, live_peak)
         row.update(self.baseline)
+        row.update(code_memory_metrics(code, self.baseline_code, self.device))
         row["time_comm_backward"] = maxes["time_comm_backward"]  # the part of time_comm
         row.update(loader.row_fields(sums, row, self.world))
         return row, bool(maxes["stop"])  # any rank asked to stop (the same answer on all)

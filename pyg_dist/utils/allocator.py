@@ -50,6 +50,8 @@ day's noise of the default's.
 """
 import ctypes
 import ctypes.util
+import os
+import re
 import sys
 import threading
 from typing import Optional
@@ -81,6 +83,7 @@ def _glibc() -> Optional[ctypes.CDLL]:
         libc.gnu_get_libc_version.restype = ctypes.c_char_p
         libc.mallinfo2.restype = _Mallinfo2
         libc.malloc_trim.argtypes = (ctypes.c_size_t, )
+        libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     except AttributeError:
         return None
     return libc
@@ -155,3 +158,83 @@ class PeakSampler:
         if self._thread is not None:
             self._thread.join()
 
+
+
+_EXECUTABLE_RSS = re.compile(rb"^(?:[0-9a-f]+-[0-9a-f]+ ..(.)|Rss: +(\d+))", re.M)
+
+
+def code_resident_bytes() -> Optional[int]:
+    r"""Resident bytes of this process' executable mappings (the machine
+    code of the interpreter and the libraries: libtorch's kernels are paged
+    in as they first run), from ``/proc/self/smaps``; ``None`` where it
+    cannot be read. File-backed and shared by every process that maps the
+    same library, so they do not grow with the graph. Reads take about
+    10 ms (the kernel walks every mapping)."""
+    try:
+        with open("/proc/self/smaps", "rb") as f:
+            text = f.read()
+    except OSError:
+        return None
+    total, executable = 0, False
+    for perms, rss in _EXECUTABLE_RSS.findall(text):
+        if perms:
+            executable = perms == b"x"
+        elif executable:
+            total += int(rss)
+    return total * 1024
+
+
+#: The ranks' allocator settings (``TrainConfig.malloc``).
+MALLOC_MODES = ("system", "compact")
+#: In ``compact`` mode glibc maps every chunk from this size on by itself.
+MMAP_THRESHOLD = 256 * 2**10
+_M_MMAP_THRESHOLD = -3
+THP_ENV = "THP_MEM_ALLOC_ENABLE"
+
+
+def ask_torch_for_huge_pages() -> None:
+    r"""Asks torch, in this process and the processes it starts, to advise
+    transparent huge pages for its CPU buffers of 2 MiB and more (torch
+    reads ``THP_MEM_ALLOC_ENABLE`` once, at its first such buffer: a launcher
+    calls this before starting ranks). A value the user set is kept."""
+    os.environ.setdefault(THP_ENV, "1")
+
+
+def follow_live_memory() -> bool:
+    r"""``compact`` mode, for this process: glibc maps every chunk of
+    :data:`MMAP_THRESHOLD` or more by itself and unmaps it when freed, so a
+    freed buffer leaves no hole in the heap and resident memory follows live
+    memory; torch's buffers of 2 MiB and more get huge pages
+    (:func:`ask_torch_for_huge_pages`), which fault in 2 MiB at a time.
+    Every step then faults its buffers in anew (the kernel zeroes them):
+    on the 2-core VM of BENCHMARKS.md that cost 1.1-1.3 times the
+    epoch time of ``system`` (``benchmarks/memory.py``), which is why it is
+    not the default. Returns whether torch's huge pages are on (``False``
+    where torch allocated its first large buffer before the setting, e.g.
+    a rank that imported PyG first: the threshold then costs 4 KiB faults);
+    nothing without glibc."""
+    if _LIBC is None:
+        return False
+    ask_torch_for_huge_pages()
+    _LIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    return _torch_advises_huge_pages()
+
+
+def _torch_advises_huge_pages() -> bool:
+    r"""Whether a new 2 MiB torch buffer lies in a mapping advised for huge
+    pages (``hg`` in its ``VmFlags``)."""
+    import torch
+    probe = torch.empty(2**21, dtype=torch.uint8)
+    address, inside = probe.data_ptr(), False
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split(" ", 1)[0]
+                if "-" in head and not head.endswith(":"):
+                    low, high = (int(v, 16) for v in head.split("-"))
+                    inside = low <= address < high
+                elif inside and line.startswith("VmFlags:"):
+                    return "hg" in line.split()
+    except OSError:
+        pass
+    return False
