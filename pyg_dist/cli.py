@@ -41,7 +41,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                    help="the ranks' allocator. system: glibc and torch as they are; "
                         "compact: resident memory follows live memory (chunks from "
                         "256 KiB mapped alone, huge pages from 2 MiB), for page faults "
-                        "every step (docs/memory.md)")
+                        "every step (docs/cli.md, Memory)")
     p.add_argument("--exchange-dtype", choices=list(CODECS), default=d.exchange_dtype,
                    help="how halo rows and gradients travel (int8: per-row scale)")
     p.add_argument("--exchange", choices=list(EXCHANGES), default=d.exchange,

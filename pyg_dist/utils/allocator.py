@@ -46,7 +46,11 @@ hand, two alternated rounds), the code pages the first step runs being
 most of the difference. ``THP_MEM_ALLOC_ENABLE=1`` (torch maps its buffers
 of 2 MiB and more on huge pages) with a 256 KiB threshold gave the same
 1.44, and with a 2 MiB threshold 2.0; their epoch times were within that
-day's noise of the default's.
+day's noise of the default's. Alternated over three rounds later that day
+(``--malloc compact``, :func:`follow_live_memory`: a 256 KiB threshold with
+huge pages), the time cost was clear: 1.16-1.29 times the default's epoch.
+Of the 42 MiB, 13 MiB are machine code (:func:`code_resident_bytes`,
+``code_mem_*``): less that code, RSS above baseline is the live peak.
 """
 import ctypes
 import ctypes.util
@@ -206,10 +210,12 @@ def follow_live_memory() -> bool:
     freed buffer leaves no hole in the heap and resident memory follows live
     memory; torch's buffers of 2 MiB and more get huge pages
     (:func:`ask_torch_for_huge_pages`), which fault in 2 MiB at a time.
-    Every step then faults its buffers in anew (the kernel zeroes them):
-    on the 2-core VM of BENCHMARKS.md that cost 1.1-1.3 times the
-    epoch time of ``system`` (``benchmarks/memory.py``), which is why it is
-    not the default. Returns whether torch's huge pages are on (``False``
+    Measured (``benchmarks/memory.py``, BENCHMARKS.md, 4 ranks on 2 cores,
+    exact and BNS on ``reddit-shaped`` and R-MAT): the RSS peak above the
+    baseline, less the machine code paged in since, came to 0.98-1.03 times
+    the live peak (``system``: 1.50-1.92), but every step faults its
+    buffers in anew (the kernel zeroes them): 1.16-1.29 times the epoch
+    time of ``system``, which is why it is not the default. Returns whether torch's huge pages are on (``False``
     where torch allocated its first large buffer before the setting, e.g.
     a rank that imported PyG first: the threshold then costs 4 KiB faults);
     nothing without glibc."""

@@ -73,6 +73,7 @@ def test_partition_info_train(tmp_path, cli):
     (["--exchange", "broadcast", "--sampler", "bns"], "does not combine with sampler='bns'"),
     (["--exchange", "broadcast", "--cache", "pipeline"], "cache='pipeline'"),
     (["--exchange", "broadcast", "--overlap"], "overlap=True"),
+    (["--malloc", "tcmalloc"], "invalid choice"),
 ])
 def test_bad_hyper_parameters(tmp_path, args, message, capsys):
     from pyg_dist.cli import main  # in process: refused before any rank starts

@@ -47,3 +47,65 @@ def test_training_reports_live_memory(tmp_path, cli):
     summary = json.load(open(os.path.join(out, "summary.json")))
     assert summary["live_mem_bytes"] == max(r["live_mem_bytes"] for r in rows)
     assert summary["baseline_live_mem_bytes"] == rows[-1]["baseline_live_mem_bytes"]
+
+
+@glibc
+def test_training_reports_the_machine_code_it_paged_in(tmp_path, cli):
+    root, out = str(tmp_path / "parts"), str(tmp_path / "run")
+    cli("partition", "--num-nodes", "2000", "--num-parts", "2", "--root", root,
+        "--data-dir", str(tmp_path / "data"))
+    cli("train", "--root", root, "--out", out, "--epochs", "2", "--hidden", "64",
+        "--no-progress", "--no-plots")
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    for row in rows:
+        assert len(row["code_mem_per_rank"]) == 2
+        assert row["code_mem_bytes"] == max(row["code_mem_per_rank"])
+    # read at an epoch's start: the first steps ran kernels the baseline had not
+    assert all(now > first for now, first in zip(rows[1]["code_mem_per_rank"],
+                                                 rows[0]["code_mem_per_rank"]))
+
+
+def _torch_huge_pages_in_rank():
+    from pyg_dist.utils.allocator import follow_live_memory
+    return follow_live_memory()
+
+
+@glibc
+@pytest.mark.parametrize("launcher_set", [True, False])
+def test_compact_malloc_gives_torch_huge_pages_when_set_before_torch(monkeypatch,
+                                                                     launcher_set):
+    import pyg_dist
+    from pyg_dist.utils import hugepages
+    from pyg_dist.utils.allocator import THP_ENV
+    if launcher_set:  # as run_training sets it for --malloc compact (restored after)
+        monkeypatch.setenv(THP_ENV, "1")
+    else:  # a rank whose torch allocated its first large buffer before the setting
+        monkeypatch.delenv(THP_ENV, raising=False)
+    huge = pyg_dist.spawn(_torch_huge_pages_in_rank, 1, timeout=60)[0]
+    assert huge == (launcher_set and hugepages._MADVISE is not None)
+
+
+@glibc
+def test_compact_malloc_keeps_resident_memory_near_live_memory(tmp_path, cli, monkeypatch):
+    from pyg_dist.utils.allocator import THP_ENV
+    monkeypatch.setenv(THP_ENV, os.environ.get(THP_ENV, "1"))  # restored after the test
+    root, out = str(tmp_path / "parts"), str(tmp_path / "run")
+    cli("partition", "--num-nodes", "3000", "--num-parts", "2", "--root", root,
+        "--data-dir", str(tmp_path / "data"))
+    cli("train", "--root", root, "--out", out, "--epochs", "3", "--hidden", "128",
+        "--no-progress", "--no-plots", "--malloc", "compact")
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    assert summary["config"]["malloc"] == "compact"
+    for row in rows[1:]:
+        for rank in range(2):
+            resident = (row["peak_mem_per_rank"][rank] - row["baseline_mem_per_rank"][rank]
+                        - row["code_mem_per_rank"][rank])
+            live = row["live_mem_per_rank"][rank] - row["baseline_live_mem_per_rank"][rank]
+            assert resident <= 1.5 * live, (row["epoch"], rank, resident / MiB, live / MiB)
+
+
+def test_unknown_malloc_mode_is_refused():
+    from pyg_dist.config import TrainConfig
+    with pytest.raises(ValueError, match="malloc must be one of system, compact"):
+        TrainConfig(malloc="jemalloc").validate()
