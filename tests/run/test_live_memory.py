@@ -28,38 +28,31 @@ def test_sampler_sees_a_tensor_freed_between_reads():
         sampler.close()
 
 
-@glibc
-def test_training_reports_live_memory(tmp_path, cli):
+def _train(tmp_path, cli, num_nodes: int, epochs: int, hidden: int, *flags):
+    r"""Rows and summary of ``pyg-dist train`` on 2 parts of a generated graph."""
     root, out = str(tmp_path / "parts"), str(tmp_path / "run")
-    cli("partition", "--num-nodes", "2000", "--num-parts", "2", "--root", root,
+    cli("partition", "--num-nodes", str(num_nodes), "--num-parts", "2", "--root", root,
         "--data-dir", str(tmp_path / "data"))
-    cli("train", "--root", root, "--out", out, "--epochs", "2", "--hidden", "64",
-        "--no-progress", "--no-plots")
+    cli("train", "--root", root, "--out", out, "--epochs", str(epochs), "--hidden",
+        str(hidden), "--no-progress", "--no-plots", *flags)
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    return rows, json.load(open(os.path.join(out, "summary.json")))
+
+
+@glibc
+def test_training_reports_live_memory_and_machine_code(tmp_path, cli):
+    rows, summary = _train(tmp_path, cli, 2000, 2, 64)
     for row in rows:
         live, base = row["live_mem_per_rank"], row["baseline_live_mem_per_rank"]
-        assert len(live) == len(base) == 2
+        assert len(live) == len(base) == len(row["code_mem_per_rank"]) == 2
         # a step's activations and gradients: above the baseline on every rank
         assert all(p > b for p, b in zip(live, base))
         assert row["live_mem_bytes"] == max(live)
+        assert row["code_mem_bytes"] == max(row["code_mem_per_rank"])
         # malloc's bytes are part of the process' resident memory
         assert all(p <= r for p, r in zip(live, row["peak_mem_per_rank"]))
-    summary = json.load(open(os.path.join(out, "summary.json")))
     assert summary["live_mem_bytes"] == max(r["live_mem_bytes"] for r in rows)
     assert summary["baseline_live_mem_bytes"] == rows[-1]["baseline_live_mem_bytes"]
-
-
-@glibc
-def test_training_reports_the_machine_code_it_paged_in(tmp_path, cli):
-    root, out = str(tmp_path / "parts"), str(tmp_path / "run")
-    cli("partition", "--num-nodes", "2000", "--num-parts", "2", "--root", root,
-        "--data-dir", str(tmp_path / "data"))
-    cli("train", "--root", root, "--out", out, "--epochs", "2", "--hidden", "64",
-        "--no-progress", "--no-plots")
-    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    for row in rows:
-        assert len(row["code_mem_per_rank"]) == 2
-        assert row["code_mem_bytes"] == max(row["code_mem_per_rank"])
     # read at an epoch's start: the first steps ran kernels the baseline had not
     assert all(now > first for now, first in zip(rows[1]["code_mem_per_rank"],
                                                  rows[0]["code_mem_per_rank"]))
@@ -89,13 +82,7 @@ def test_compact_malloc_gives_torch_huge_pages_when_set_before_torch(monkeypatch
 def test_compact_malloc_keeps_resident_memory_near_live_memory(tmp_path, cli, monkeypatch):
     from pyg_dist.utils.allocator import THP_ENV
     monkeypatch.setenv(THP_ENV, os.environ.get(THP_ENV, "1"))  # restored after the test
-    root, out = str(tmp_path / "parts"), str(tmp_path / "run")
-    cli("partition", "--num-nodes", "3000", "--num-parts", "2", "--root", root,
-        "--data-dir", str(tmp_path / "data"))
-    cli("train", "--root", root, "--out", out, "--epochs", "3", "--hidden", "128",
-        "--no-progress", "--no-plots", "--malloc", "compact")
-    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    summary = json.load(open(os.path.join(out, "summary.json")))
+    rows, summary = _train(tmp_path, cli, 3000, 3, 128, "--malloc", "compact")
     assert summary["config"]["malloc"] == "compact"
     for row in rows[1:]:
         for rank in range(2):
