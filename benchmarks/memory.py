@@ -113,7 +113,8 @@ def main() -> None:
                                   METHODS[method] + flags, args.epochs, env)
                     runs.setdefault(key, []).append(one)
                     print(f"{key} round {rep}: {one['epoch_time']:.3f} s, RSS+ "
-                          f"{one['rss_above'] / MiB:.0f} MiB (code {one['code_above'] / MiB:.0f}), live+ "
+                          f"{one['rss_above'] / MiB:.0f} MiB (code "
+                          f"{one['code_above'] / MiB:.0f}), live+ "
                           f"{(one['live_above'] or 0) / MiB:.0f} MiB", flush=True)
     table = []
     for graph in args.graphs:
@@ -122,8 +123,8 @@ def main() -> None:
             for name in variants:
                 rs = runs[f"{graph}/{method}/{name}"]
                 # a before run's live peak: the default run's of the same round
-                ratios = [(r["rss_above"] - r["code_above"]) / (r["live_above"] or d["live_above"])
-                          for r, d in zip(rs, ref)]
+                ratios = [(r["rss_above"] - r["code_above"])
+                          / (r["live_above"] or d["live_above"]) for r, d in zip(rs, ref)]
                 before = runs.get(f"{graph}/{method}/before", ref)
                 times = [r["epoch_time"] / b["epoch_time"] for r, b in zip(rs, before)]
                 table.append({

@@ -63,10 +63,11 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     huge_pages = follow_live_memory() if config.malloc == "compact" else None
     init()
     if huge_pages is False and dist.get_rank() == 0:
-        warnings.warn(f"--malloc compact: torch's buffers do not get huge pages (torch had "
-                      f"allocated one of 2 MiB before the setting): every step faults in "
-                      f"4 KiB pages. Set {THP_ENV}=1 in the ranks' environment (e.g. "
-                      f"torchrun's) to have them.", stacklevel=2)
+        warnings.warn(f"--malloc compact: torch's buffers do not get huge pages (the "
+                      f"kernel has none, or torch allocated one of 2 MiB before the "
+                      f"setting): every step faults in 4 KiB pages. Set {THP_ENV}=1 in the "
+                      f"ranks' environment (e.g. torchrun's) before torch starts.",
+                      stacklevel=2)
     require_training_nodes(root, read_meta(root))
     old_run = claim_out_dir(out_dir, config)
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -163,7 +163,6 @@ class PeakSampler:
             self._thread.join()
 
 
-
 _EXECUTABLE_RSS = re.compile(rb"^(?:[0-9a-f]+-[0-9a-f]+ ..(.)|Rss: +(\d+))", re.M)
 
 
@@ -204,23 +203,26 @@ def ask_torch_for_huge_pages() -> None:
     os.environ.setdefault(THP_ENV, "1")
 
 
-def follow_live_memory() -> bool:
+def follow_live_memory() -> Optional[bool]:
     r"""``compact`` mode, for this process: glibc maps every chunk of
     :data:`MMAP_THRESHOLD` or more by itself and unmaps it when freed, so a
     freed buffer leaves no hole in the heap and resident memory follows live
     memory; torch's buffers of 2 MiB and more get huge pages
     (:func:`ask_torch_for_huge_pages`), which fault in 2 MiB at a time.
+
     Measured (``benchmarks/memory.py``, BENCHMARKS.md, 4 ranks on 2 cores,
     exact and BNS on ``reddit-shaped`` and R-MAT): the RSS peak above the
     baseline, less the machine code paged in since, came to 0.98-1.03 times
     the live peak (``system``: 1.50-1.92), but every step faults its
     buffers in anew (the kernel zeroes them): 1.16-1.29 times the epoch
-    time of ``system``, which is why it is not the default. Returns whether torch's huge pages are on (``False``
-    where torch allocated its first large buffer before the setting, e.g.
-    a rank that imported PyG first: the threshold then costs 4 KiB faults);
-    nothing without glibc."""
+    time of ``system``, which is why it is not the default.
+
+    Returns whether torch's huge pages are on: ``False`` where the kernel
+    has none, or where torch allocated its first large buffer before the
+    setting (e.g. a rank that imported PyG first), and the threshold then
+    costs 4 KiB faults; ``None``, doing nothing, without glibc."""
     if _LIBC is None:
-        return False
+        return None
     ask_torch_for_huge_pages()
     _LIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
     return _torch_advises_huge_pages()
