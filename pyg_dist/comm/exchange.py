@@ -91,6 +91,13 @@ class Exchange:
         (``None``: as they are); counted under :obj:`key`."""
         raise NotImplementedError
 
+    def extend(self, ctx, key: str, x: Tensor, plan: HaloPlan) -> Tensor:
+        r"""``[x | the halo rows of x]``, exchanged now, exactly and in full
+        precision, differentiably: the sources of :obj:`plan`'s graph. By
+        default the rows of :meth:`fetch` after :obj:`x`; an exchange may
+        build them in one buffer."""
+        return torch.cat([x, self.fetch(ctx, key, x, plan, None)], dim=0)
+
     def aggregate(self, ctx, key: str, x: Tensor, adj, run: Run) -> Tensor:
         r"""``run(adj, x_src, size)``: a layer's aggregation of :obj:`x`'s
         plan sources over :obj:`adj` (the plan's graph). By default the

@@ -11,6 +11,7 @@ from pyg_dist.comm.exchange import Exchange, Run
 from pyg_dist.comm.plan import HaloPlan
 from pyg_dist.comm.stats import CommStats
 from pyg_dist.comm.transfer import Transfer, start_all_to_all
+from pyg_dist.utils.hugepages import empty_like_rows
 
 
 def exchange_rows(x: Tensor, plan: HaloPlan, group, stats: Optional[CommStats],
@@ -68,6 +69,35 @@ class _HaloRows(torch.autograd.Function):
         return grad, None, None, None, None, None, None
 
 
+class _Extended(torch.autograd.Function):
+    r""":math:`[H_{\mathrm{inner}} \,|\, H_{\mathrm{halo}}]` in one buffer,
+    the halo rows received straight into it: what ``torch.cat([x,
+    halo_exchange(x)])`` computes, without the receive buffer and the copy
+    out of it. Backward: the inner rows' own gradient, with the halo
+    gradients returned by their owners added at the rows they were sent
+    from, into one buffer."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, plan: HaloPlan, group, stats: Optional[CommStats],
+                key: str) -> Tensor:
+        ctx.plan, ctx.group, ctx.stats, ctx.key = plan, group, stats, key
+        num_inner = ctx.num_inner = x.size(0)
+        out = empty_like_rows(x, num_inner + plan.num_recv)
+        transfer = start_all_to_all(x.index_select(0, plan.send_index), plan.send_counts,
+                                    plan.recv_counts, group, None, stats, key,
+                                    out=out[num_inner:])
+        out[:num_inner].copy_(x)  # while the halo rows travel
+        transfer.wait()
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        grad, num_inner = grad.contiguous(), ctx.num_inner
+        transfer = start_grads(grad[num_inner:], ctx.plan, ctx.group, ctx.stats, ctx.key, None)
+        grad_x = grad[:num_inner].clone()  # while the halo gradients travel
+        return grad_x.index_add_(0, ctx.plan.send_index, transfer.wait()), None, None, None, None
+
+
 def _exchanges_nothing(plan: HaloPlan, group) -> bool:
     return plan.skip_exchange or not dist.is_initialized() or dist.get_world_size(group) == 1
 
@@ -110,6 +140,11 @@ class PointToPoint(Exchange):
     def fetch(self, ctx, key: str, x: Tensor, plan: HaloPlan,
               codec: Optional[RowCodec]) -> Tensor:
         return halo_exchange(x, plan, ctx.group, ctx.stats, key, codec)
+
+    def extend(self, ctx, key: str, x: Tensor, plan: HaloPlan) -> Tensor:
+        if _exchanges_nothing(plan, ctx.group):
+            return super().extend(ctx, key, x, plan)
+        return _Extended.apply(x, plan, ctx.group, ctx.stats, key)
 
     def start(self, ctx, key: str, rows: Tensor, send_counts: List[int],
               recv_counts: List[int], backward: bool = False) -> Transfer:

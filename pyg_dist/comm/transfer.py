@@ -97,8 +97,9 @@ def wire_row_bytes(x: Tensor, codec: Optional[RowCodec] = None) -> int:
     return wire.numel() * wire.element_size()
 
 
-def _start_split(send: Tensor, send_counts: List[int], recv_counts: List[int], group):
-    recv = empty_like_rows(send, sum(recv_counts))
+def _start_split(send: Tensor, send_counts: List[int], recv_counts: List[int], group,
+                 recv: Optional[Tensor] = None):
+    recv = empty_like_rows(send, sum(recv_counts)) if recv is None else recv
     send = send.contiguous()
     if dist.get_backend(group) != "gloo":
         work = dist.all_to_all_single(recv, send, output_split_sizes=recv_counts,
@@ -127,16 +128,19 @@ def all_to_all(send: Tensor, send_counts: List[int], recv_counts: List[int],
 def start_all_to_all(rows: Tensor, send_counts: List[int], recv_counts: List[int],
                      group=None, codec: Optional[RowCodec] = None,
                      stats: Optional[CommStats] = None, key: str = "",
-                     backward: bool = False) -> Transfer:
+                     backward: bool = False, out: Optional[Tensor] = None) -> Transfer:
     r"""Starts the all-to-all of :obj:`rows` (encoded by :obj:`codec` on
     the wire) and returns at once: the transfer proceeds in the backend's
     own threads (gloo) or stream (NCCL) while the caller computes. With
     :obj:`stats`, the rows sent and received (not this rank's own share)
     are counted under :obj:`key` and the start and the wait are timed.
-    Every rank must start its transfers in the same order."""
+    Without :obj:`codec`, the rows may be received into :obj:`out` (a
+    contiguous buffer of the received rows' shape). Every rank must start
+    its transfers in the same order."""
     with _timers(stats, backward):
         payload = encode(rows, codec)
-        recv, works, send = _start_split(payload, send_counts, recv_counts, group)
+        recv, works, send = _start_split(payload, send_counts, recv_counts, group,
+                                         out if codec is None else None)
     row_bytes = math.prod(payload.shape[1:]) * payload.element_size()
     if stats is not None:
         rank = dist.get_rank(group)

@@ -221,6 +221,9 @@ class HaloContext:
         self.check_rows(key, x)
         if self.plan.num_recv == 0 and (self.plan.skip_exchange or self.world_size == 1):
             x_src = x  # nothing travels: skip a full copy of x
+        elif (type(self.active_cache) is ExactCache and self.codec is None
+              and not (self.feature_cache is not None and self.is_input_features(x))):
+            x_src = self.exchange.extend(self, key, x, self.plan)  # rows now, as they are
         else:  # a rank receiving nothing may still send (and get gradients back)
             x_src = torch.cat([x, self.fetch(key, x)], dim=0)
         self.observe(key, x_src)

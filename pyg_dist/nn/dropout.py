@@ -31,12 +31,19 @@ class _Dropout(torch.autograd.Function):
         keep = torch.empty(x.shape, dtype=torch.int32).random_() < threshold
         ctx.scale = _BITS / threshold
         ctx.save_for_backward(keep)
-        return x * keep.to(x.dtype).mul_(ctx.scale)
+        return _masked(x, keep, ctx.scale)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         keep, = ctx.saved_tensors
-        return grad * keep.to(grad.dtype).mul_(ctx.scale), None
+        return _masked(grad, keep, ctx.scale), None
+
+
+def _masked(x: Tensor, keep: Tensor, scale: float) -> Tensor:
+    r""":math:`s \, \mathbf{m} \odot \mathbf{x}` into one new buffer (no
+    float copy of the mask): :math:`x_i \cdot 1` is exact, so the result is
+    bit for bit :math:`x_i \cdot (m_i s)`."""
+    return x.mul(keep).mul_(scale)
 
 
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:

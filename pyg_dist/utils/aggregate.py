@@ -54,14 +54,21 @@ class _Aggregate(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, adj: Tensor, reduce: str) -> Tensor:
         ctx.adj, ctx.reduce = adj, reduce
-        return torch.sparse.mm(adj, x) if reduce == "sum" else torch.sparse.mm(adj, x, "mean")
+        return _sum(adj, x) if reduce == "sum" else torch.sparse.mm(adj, x, "mean")
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         adj = ctx.adj
         if ctx.reduce == "mean":
             grad = grad / _row_counts(adj)
-        return torch.sparse.mm(transposed(adj), grad), None, None
+        return _sum(transposed(adj), grad), None, None
+
+
+def _sum(adj: Tensor, x: Tensor) -> Tensor:
+    r""":math:`\mathbf{A}\mathbf{X}` into one new buffer: ``torch.sparse.mm``
+    allocates a zero matrix and then its result (two buffers of the output's
+    size per call); ``mm(out=)`` the same sums into one."""
+    return torch.mm(adj, x, out=x.new_empty((adj.size(0), x.size(1))))
 
 
 def transposed(adj: Tensor) -> Tensor:
