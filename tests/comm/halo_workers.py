@@ -1,0 +1,30 @@
+"""Functions that run inside spawned ranks for tests/comm/test_halo.py."""
+import torch
+import torch.distributed as dist
+
+import pyg_dist
+from pyg_dist.comm import HaloPlan
+from pyg_dist.comm.halo import PointToPoint, halo_exchange
+from pyg_dist.comm.stats import CommStats
+
+
+def extend_and_cat(root: str):
+    r"""``[x | halo rows]`` and the gradient of ``x`` through a weighted sum
+    of them, built in one buffer (:meth:`PointToPoint.extend`) and by
+    concatenating the halo exchange's rows; and the bytes each counted."""
+    part = pyg_dist.DistData.load(root, dist.get_rank())
+    plan = HaloPlan.full(part)
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    x = torch.randn(part.num_inner, 5, generator=generator)
+    weight = torch.randn(part.num_inner + part.num_halo, 5, generator=generator)
+    out = []
+    for build in ("extend", "cat"):
+        leaf, stats = x.clone().requires_grad_(), CommStats()
+        ctx = type("Ctx", (), {"group": None, "stats": stats})()
+        if build == "extend":
+            rows = PointToPoint().extend(ctx, "layer", leaf, plan)
+        else:
+            rows = torch.cat([leaf, halo_exchange(leaf, plan, None, stats, "layer")])
+        (rows * weight).sum().backward()
+        out.append((rows.detach(), leaf.grad, stats.total_bytes_recv))
+    return out

@@ -1,0 +1,17 @@
+"""The halo exchange's ``[x | halo rows]`` built in one buffer."""
+import torch
+
+import pyg_dist
+from tests.comm.halo_workers import extend_and_cat
+
+
+def test_extend_in_one_buffer_equals_the_concatenated_exchange(graph, tmp_path):
+    r"""On real ranks: the rows bit for bit, the gradient of the inner rows
+    (its own part plus the halo gradients returned by the peers) equal up to
+    the order of the sums, and the same bytes counted."""
+    pyg_dist.partition_graph(graph, 2, root=str(tmp_path))
+    for (rows, grad, received), (cat_rows, cat_grad, cat_received) in pyg_dist.spawn(
+            extend_and_cat, 2, (str(tmp_path), ), timeout=120):
+        assert torch.equal(rows, cat_rows)
+        torch.testing.assert_close(grad, cat_grad)
+        assert received == cat_received > 0  # halo rows came, counted alike
