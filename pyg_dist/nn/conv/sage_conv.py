@@ -78,10 +78,13 @@ class DistSAGEConv(SAGEConv):
             return super().forward(x, edge_index, size)
         out = self.propagate(edge_index, x=(F.linear(x_src, self.lin_l.weight), x_dst),
                              size=size)
-        if self.lin_l.bias is not None:
+        if self.root_weight and x_dst is not None:  # a new buffer no backward reads:
+            out = (torch.addmm(out, x_dst, self.lin_r.weight.t()) if self.lin_r.bias is None
+                   else out + self.lin_r(x_dst))
+            if self.lin_l.bias is not None:  # the bias goes into it
+                out = out.add_(self.lin_l.bias)
+        elif self.lin_l.bias is not None:
             out = out + self.lin_l.bias
-        if self.root_weight and x_dst is not None:
-            out = out + self.lin_r(x_dst)
         if self.normalize:
             out = F.normalize(out, p=2., dim=-1)
         return out
