@@ -1,4 +1,6 @@
 """Functions that run inside spawned ranks for tests/comm/test_halo.py."""
+from types import SimpleNamespace
+
 import torch
 import torch.distributed as dist
 
@@ -20,7 +22,7 @@ def extend_and_cat(root: str):
     out = []
     for build in ("extend", "cat"):
         leaf, stats = x.clone().requires_grad_(), CommStats()
-        ctx = type("Ctx", (), {"group": None, "stats": stats})()
+        ctx = SimpleNamespace(group=None, stats=stats)  # what the exchange reads of a context
         if build == "extend":
             rows = PointToPoint().extend(ctx, "layer", leaf, plan)
         else:
