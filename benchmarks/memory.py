@@ -10,7 +10,10 @@ R-MAT, for
   on their own, torch's buffers from 2 MiB on huge pages);
 * ``mmap64k`` (``--variants``): this tree with ``MALLOC_MMAP_THRESHOLD_=65536
   MALLOC_TRIM_THRESHOLD_=0`` (every chunk above 64 KiB mapped on its own and
-  returned on free), the setting the issue started from.
+  returned on free), the setting the issue started from;
+* ``thp1m`` (``--variants``): this tree with ``MALLOC_MMAP_THRESHOLD_=1048576
+  THP_MEM_ALLOC_ENABLE=1``: ``compact`` with a 1 MiB threshold (fewer page
+  faults, smaller chunks left to the heap).
 
 Runs alternate (variant after variant, ``--reps`` rounds) so that a loaded
 machine slows them alike. Per run: the peak RSS above ``baseline_mem_bytes``
@@ -46,7 +49,8 @@ METHODS = {"exact": [], "bns": ["--sampler", "bns"]}
 MMAP64K = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 # name: (tree, environment, flags)
 VARIANTS = {"default": (REPO, None, []), "compact": (REPO, None, ["--malloc", "compact"]),
-            "mmap64k": (REPO, MMAP64K, [])}
+            "mmap64k": (REPO, MMAP64K, []),
+            "thp1m": (REPO, {"MALLOC_MMAP_THRESHOLD_": "1048576", "THP_MEM_ALLOC_ENABLE": "1"}, [])}
 GOAL_RATIO, GOAL_TIME = 1.25, 1.05
 
 
