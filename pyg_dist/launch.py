@@ -2,6 +2,7 @@ r"""Running a function on every rank: under ``torchrun`` in this process,
 else in spawned local ranks (one per partition by default)."""
 import functools
 import os
+from contextlib import nullcontext
 from typing import Any, Callable, Optional
 
 import torch
@@ -10,7 +11,7 @@ import torch.distributed as dist
 from pyg_dist.distributed import (DEFAULT_TIMEOUT, die_with_parent, init, name_lost_ranks,
                                   rank_threads, spawn, stop_heartbeat, stop_on_sigterm)
 from pyg_dist.partition.book import read_meta
-from pyg_dist.utils.allocator import ask_torch_for_huge_pages
+from pyg_dist.utils.allocator import torch_huge_pages_for_new_processes
 
 
 def run_training(root: str, config, out: Optional[str], nproc: Optional[int] = None,
@@ -25,9 +26,9 @@ def run_training(root: str, config, out: Optional[str], nproc: Optional[int] = N
     from pyg_dist.train import train
     config.validate()
     check_training(root, config, out, nproc)
-    if config.malloc == "compact":  # before the ranks (and their forkserver) start torch
-        ask_torch_for_huge_pages()
-    return run_ranks(train, (root, config, out), root, nproc, timeout)
+    with (torch_huge_pages_for_new_processes() if config.malloc == "compact"
+          else nullcontext()):
+        return run_ranks(train, (root, config, out), root, nproc, timeout)
 
 
 def run_prediction(root: str, model_dir: str, out: str, overwrite: bool = False,

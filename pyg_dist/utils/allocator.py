@@ -60,7 +60,8 @@ import os
 import re
 import sys
 import threading
-from typing import Optional
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -197,20 +198,30 @@ _M_MMAP_THRESHOLD = -3
 THP_ENV = "THP_MEM_ALLOC_ENABLE"
 
 
-def ask_torch_for_huge_pages() -> None:
-    r"""Asks torch, in this process and the processes it starts, to advise
-    transparent huge pages for its CPU buffers of 2 MiB and more (torch
-    reads ``THP_MEM_ALLOC_ENABLE`` once, at its first such buffer: a launcher
-    calls this before starting ranks). A value the user set is kept."""
-    os.environ.setdefault(THP_ENV, "1")
+@contextmanager
+def torch_huge_pages_for_new_processes() -> Iterator[None]:
+    r"""Inside, processes this one starts (ranks, and the forkserver they
+    fork from) have torch advise transparent huge pages for its CPU buffers
+    of 2 MiB and more: torch reads ``THP_MEM_ALLOC_ENABLE`` once, at its
+    first such buffer, so a launcher sets it before the ranks start. A value
+    the user set is kept; the environment is restored after."""
+    if THP_ENV in os.environ:
+        yield
+        return
+    os.environ[THP_ENV] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(THP_ENV, None)
 
 
 def follow_live_memory() -> Optional[bool]:
     r"""``compact`` mode, for this process: glibc maps every chunk of
     :data:`MMAP_THRESHOLD` or more by itself and unmaps it when freed, so a
     freed buffer leaves no hole in the heap and resident memory follows live
-    memory; torch's buffers of 2 MiB and more get huge pages
-    (:func:`ask_torch_for_huge_pages`), which fault in 2 MiB at a time.
+    memory; torch's buffers of 2 MiB and more get huge pages (where
+    ``THP_MEM_ALLOC_ENABLE`` came before torch's first large buffer:
+    :func:`torch_huge_pages_for_new_processes`), faulting in 2 MiB at a time.
 
     Measured (``benchmarks/memory.py``, BENCHMARKS.md, 4 ranks on 2 cores,
     exact and BNS on ``reddit-shaped`` and R-MAT): the RSS peak above the
@@ -226,7 +237,7 @@ def follow_live_memory() -> Optional[bool]:
     costs 4 KiB faults; ``None``, doing nothing, without glibc."""
     if _LIBC is None:
         return None
-    ask_torch_for_huge_pages()
+    os.environ.setdefault(THP_ENV, "1")  # for this process' torch, if not too late
     _LIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
     return _torch_advises_huge_pages()
 

@@ -81,8 +81,9 @@ def test_compact_malloc_gives_torch_huge_pages_when_set_before_torch(monkeypatch
 @glibc
 def test_compact_malloc_keeps_resident_memory_near_live_memory(tmp_path, cli, monkeypatch):
     from pyg_dist.utils.allocator import THP_ENV
-    monkeypatch.setenv(THP_ENV, os.environ.get(THP_ENV, "1"))  # restored after the test
+    monkeypatch.delenv(THP_ENV, raising=False)
     rows, summary = _train(tmp_path, cli, 3000, 3, 128, "--malloc", "compact")
+    assert THP_ENV not in os.environ  # set for the ranks only
     assert summary["config"]["malloc"] == "compact"
     for row in rows[1:]:
         for rank in range(2):
