@@ -49,8 +49,8 @@ of 2 MiB and more on huge pages) with a 256 KiB threshold gave the same
 day's noise of the default's. Alternated over three rounds later that day
 (``--malloc compact``, :func:`follow_live_memory`: a 256 KiB threshold with
 huge pages), the time cost was clear: 1.16-1.29 times the default's epoch;
-after a step's allocations were cut by a quarter, 1.03-1.20 times the epoch
-of the tree before (``benchmarks/results/memory_compact.json``).
+after a step's allocations were cut by a quarter, 1.03-1.30 times the
+default's epoch over three more runs (``benchmarks/results/memory_compact*.json``).
 Of the 42 MiB, 13 MiB are machine code (:func:`code_resident_bytes`,
 ``code_mem_*``): less that code, RSS above baseline is the live peak.
 """
@@ -226,9 +226,9 @@ def follow_live_memory() -> Optional[bool]:
     Measured (``benchmarks/memory.py``, BENCHMARKS.md, 4 ranks on 2 cores,
     exact and BNS on ``reddit-shaped`` and R-MAT): the RSS peak above the
     baseline, less the machine code paged in since, came to 0.98-1.02 times
-    the live peak (``system``: 1.45-1.76), but every step faults its
-    buffers in anew (the kernel zeroes them): 1.03-1.20 times the epoch
-    time of the default before this mode came, which is why it is not the
+    the live peak (``system``: 1.45-1.84), but every step faults its
+    buffers in anew (the kernel zeroes them): 1.03-1.30 times the
+    default's epoch time over three runs, which is why it is not the
     default.
 
     Returns whether torch's huge pages are on: ``False`` where the kernel
