@@ -34,14 +34,16 @@ def start_grads(grad_halo: Tensor, plan: HaloPlan, group, stats: Optional[CommSt
 
 
 def return_grads(grad_halo: Tensor, plan: HaloPlan, num_inner: int, group,
-                 stats: Optional[CommStats], key: str,
-                 codec: Optional[RowCodec]) -> Tensor:
+                 stats: Optional[CommStats], key: str, codec: Optional[RowCodec],
+                 own: Optional[Tensor] = None) -> Tensor:
     r"""The backward of a halo exchange: the gradients of the halo rows of
     :obj:`plan` travel to their owners, which add them into a gradient of
-    their :obj:`num_inner` inner rows (returned)."""
-    grad_send = start_grads(grad_halo, plan, group, stats, key, codec).wait()
-    grad = grad_halo.new_zeros((num_inner, ) + tuple(grad_halo.shape[1:]))
-    return grad.index_add_(0, plan.send_index, grad_send)
+    their :obj:`num_inner` inner rows (returned): zeros, or a copy of
+    :obj:`own` (the inner rows' own gradient, made while the rows travel)."""
+    transfer = start_grads(grad_halo, plan, group, stats, key, codec)
+    grad = (grad_halo.new_zeros((num_inner, ) + tuple(grad_halo.shape[1:])) if own is None
+            else own.clone())
+    return grad.index_add_(0, plan.send_index, transfer.wait())
 
 
 class _HaloRows(torch.autograd.Function):
@@ -93,9 +95,8 @@ class _Extended(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         grad, num_inner = grad.contiguous(), ctx.num_inner
-        transfer = start_grads(grad[num_inner:], ctx.plan, ctx.group, ctx.stats, ctx.key, None)
-        grad_x = grad[:num_inner].clone()  # while the halo gradients travel
-        return grad_x.index_add_(0, ctx.plan.send_index, transfer.wait()), None, None, None, None
+        return (return_grads(grad[num_inner:], ctx.plan, num_inner, ctx.group, ctx.stats,
+                             ctx.key, None, own=grad[:num_inner]), None, None, None, None)
 
 
 def _exchanges_nothing(plan: HaloPlan, group) -> bool:

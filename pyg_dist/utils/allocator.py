@@ -61,7 +61,7 @@ import re
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Iterator, List, Optional
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -247,7 +247,14 @@ def _torch_advises_huge_pages() -> bool:
     pages (``hg`` in its ``VmFlags``)."""
     import torch
     probe = torch.empty(2**21, dtype=torch.uint8)
-    address, inside = probe.data_ptr(), False
+    return "hg" in (vm_flags(probe.data_ptr()) or [])
+
+
+def vm_flags(address: int) -> Optional[List[str]]:
+    r"""The ``VmFlags`` (``/proc/self/smaps``, e.g. ``hg``: advised for huge
+    pages) of this process' mapping that holds :obj:`address`; ``None``
+    where no mapping holds it or smaps cannot be read."""
+    inside = False
     try:
         with open("/proc/self/smaps") as f:
             for line in f:
@@ -256,7 +263,7 @@ def _torch_advises_huge_pages() -> bool:
                     low, high = (int(v, 16) for v in head.split("-"))
                     inside = low <= address < high
                 elif inside and line.startswith("VmFlags:"):
-                    return "hg" in line.split()
+                    return line.split()[1:]
     except OSError:
         pass
-    return False
+    return None
