@@ -94,7 +94,8 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     stats, ctx, stateful = CommStats(), None, {"model": model}
     inputs = LoaderInputs(root, data, config.num_layers, config.seed, device, stats,
                           feature_cache_capacity=(config.feature_cache_capacity
-                                                  if config.feature_cache else None))
+                                                  if config.feature_cache else None),
+                          model=model)
     if loader_class.distributed:
         ctx = _distribute(model, data, config, inputs)
         stateful.update(sampler=inputs.sampler, cache=ctx.cache)
@@ -264,7 +265,8 @@ class _Run:
             scope = self.ctx.use(batch.plans, batch.upcoming,
                                  input_features=batch.input_features)
         elif self.trims and "num_sampled_nodes" in batch.extra:
-            scope = trimmed(self.model, batch.adj_t, batch.num_sampled_nodes)
+            scope = trimmed(self.model, batch.adj_t, batch.num_sampled_nodes,
+                            batch.extra.get("rows_plan"))
         else:
             scope = nullcontext()
         with scope:

@@ -125,6 +125,17 @@ def halo_exchange(x: Tensor, plan: HaloPlan, group=None,
     return start_halo_exchange(x, plan, group, stats, key, codec)()
 
 
+def extend_rows(x: Tensor, plan, group=None, stats: Optional[CommStats] = None,
+                key: str = "") -> Tensor:
+    r"""``torch.cat([x, halo_exchange(x, plan)])`` in one buffer, the halo
+    rows received straight into it (differentiably). :obj:`plan` needs only
+    ``send_index``, ``send_counts``, ``recv_counts``, ``num_recv`` and
+    ``skip_exchange`` of a :class:`~pyg_dist.comm.HaloPlan`."""
+    if _exchanges_nothing(plan, group):
+        return x
+    return _Extended.apply(x, plan, group, stats, key)
+
+
 class PointToPoint(Exchange):
     r"""Each rank sends each peer exactly the rows of its halo (one
     all-to-all per layer and direction). With ``overlap`` (CM-GCN's
@@ -145,7 +156,7 @@ class PointToPoint(Exchange):
     def extend(self, ctx, key: str, x: Tensor, plan: HaloPlan) -> Tensor:
         if _exchanges_nothing(plan, ctx.group):
             return super().extend(ctx, key, x, plan)
-        return _Extended.apply(x, plan, ctx.group, ctx.stats, key)
+        return extend_rows(x, plan, ctx.group, ctx.stats, key)
 
     def start(self, ctx, key: str, rows: Tensor, send_counts: List[int],
               recv_counts: List[int], backward: bool = False) -> Transfer:

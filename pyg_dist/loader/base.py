@@ -18,7 +18,8 @@ class LoaderInputs:
     for distributed loaders the model's
     :class:`~pyg_dist.nn.HaloContext` and halo sampler (attached to it),
     plus :obj:`make_sampler`, which builds the run's sampler for another
-    partition (``None``: the run exchanges every halo row)."""
+    partition (``None``: the run exchanges every halo row), and the
+    :obj:`model` trained on the batches."""
     root: str
     data: DistData
     num_layers: int
@@ -29,6 +30,7 @@ class LoaderInputs:
     sampler: Optional[BoundarySampler] = None
     make_sampler: Optional[Callable[[DistData], BoundarySampler]] = None
     feature_cache_capacity: Union[int, str, None] = None  # None: no feature cache
+    model: Optional[torch.nn.Module] = None  # the model the batches are for
 
 
 class Loader:

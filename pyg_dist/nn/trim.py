@@ -18,7 +18,7 @@ Applies to PyG's BasicGNN models whose layers run bipartitely (the
 row-wise norms and no jumping knowledge; any other model runs untrimmed.
 """
 from contextlib import contextmanager
-from typing import Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 import torch
 from torch import Tensor
@@ -62,17 +62,28 @@ def _rows(adj: Tensor, rows: int, cols: int) -> Tensor:
 
 
 @contextmanager
-def trimmed(model: BasicGNN, adj_t: Optional[Tensor], num_sampled_nodes: List[int]
+def trimmed(model: BasicGNN, adj_t: Optional[Tensor], num_sampled_nodes: List[int],
+            first_layer: Optional[Callable[[torch.nn.Module, Tensor], Tensor]] = None
             ) -> Iterator[None]:
     r"""Inside the block, ``model(x, adj_t)`` (or ``model(x, edge_index)``
     for a model that takes an ``edge_index``, sorted by target) runs
     trimmed per layer on the batch of CSR :obj:`adj_t` described by
-    :obj:`num_sampled_nodes` (see the module)."""
+    :obj:`num_sampled_nodes` (see the module).
+
+    With :obj:`first_layer`, the first layer's output is
+    ``first_layer(conv, block)`` (:obj:`block`: the rows of :obj:`adj_t` it
+    outputs) instead of the layer's forward, which then reads no ``x``
+    (the neighbour loader's :class:`~pyg_dist.loader.neighbor.RowsPlan`)."""
     sizes = layer_sizes(num_sampled_nodes, len(model.convs))
     normalised: Dict[tuple, Tensor] = {}  # GCN's adj_t, normalised once per batch
     handles = []
+    if first_layer is not None:
+        first, block = model.convs[0], _rows(adj_t, sizes[1], sizes[0])
+        first.forward = lambda *args, **kwargs: first_layer(first, block)
     for layer, conv in enumerate(model.convs):
         n_src, n_dst = sizes[layer], sizes[layer + 1]
+        if layer == 0 and first_layer is not None:
+            continue
 
         def trim(module, args, kwargs, n_dst=n_dst, n_src=n_src):
             x, graph, *rest = args
@@ -99,6 +110,7 @@ def trimmed(model: BasicGNN, adj_t: Optional[Tensor], num_sampled_nodes: List[in
     finally:
         for handle in handles:
             handle.remove()
+        model.convs[0].__dict__.pop("forward", None)
 
 
 def _restore(module, args, out) -> None:

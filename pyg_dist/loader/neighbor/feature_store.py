@@ -1,6 +1,6 @@
 r"""DistDGL's distributed key-value store for node data, on collectives."""
 import math
-from typing import Dict, Optional, Sequence, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -9,6 +9,7 @@ from pyg_dist.cache.feature import capacity_rows
 from pyg_dist.comm.request import OwnerRequest
 from pyg_dist.data import DistData
 from pyg_dist.comm.stats import CommStats
+from pyg_dist.loader.neighbor.rows_plan import RowsPlan
 from pyg_dist.partition.book import owner_of
 from pyg_dist.utils.hugepages import empty_like_rows
 
@@ -70,6 +71,21 @@ class PartitionFeatureStore:
         r"""The rows of the relabelled global :obj:`ids` for each key in
         :obj:`keys`, in the order of :obj:`ids` (CPU tensors), requested over
         :obj:`group`; bytes and cache hits counted in :obj:`stats`."""
+        return self._pull(ids, keys, group, stats)[0]
+
+    def pull_plan(self, ids: Tensor, keys: Sequence[str], group=None,
+                  stats: Optional[CommStats] = None) -> Tuple[Dict[str, Tensor], RowsPlan]:
+        r""":meth:`pull` of :obj:`keys` (which may leave out ``x``), and the
+        :class:`RowsPlan` that moves rows derived from ``x`` (a projection
+        of them, computed by their owners) to where :obj:`ids` needs them,
+        from the same request. Without a cache only: cached rows would be
+        rows the owners are not asked for."""
+        if self.num_cached:
+            raise ValueError("pull_plan needs a store without a feature cache")
+        return self._pull(ids, keys, group, stats, plan=True)
+
+    def _pull(self, ids: Tensor, keys: Sequence[str], group, stats: Optional[CommStats],
+              plan: bool = False) -> Tuple[Dict[str, Tensor], Optional[RowsPlan]]:
         ids = ids.cpu()
         owner = owner_of(ids, self.partptr)
         is_local = owner == self.rank
@@ -98,7 +114,8 @@ class PartitionFeatureStore:
                 rows.index_copy_(0, hit, self.cached[key].index_select(0, slot[slot >= 0]))
             rows.index_copy_(0, miss[request.order], replies[key])
             out[key] = rows
-        return out
+        return out, (RowsPlan.of(ids.numel(), local, local_rows, miss[request.order], served,
+                                 request, self.tensors["x"].size(0)) if plan else None)
 
     def _replies(self, request: OwnerRequest, served: Tensor,
                  keys: Sequence[str]) -> Dict[str, Tensor]:

@@ -13,6 +13,7 @@ from pyg_dist.loader.base import Loader, LoaderInputs
 from pyg_dist.loader.batch import TrainBatch
 from pyg_dist.loader.neighbor.feature_store import PartitionFeatureStore
 from pyg_dist.loader.neighbor.pipeline import SamplerPool
+from pyg_dist.loader.neighbor.rows_plan import projects_on_owners
 from pyg_dist.loader.neighbor.sampler import PartitionNeighborSampler
 from pyg_dist.options import Option
 from pyg_dist.utils import csr, mix_seeds
@@ -73,6 +74,16 @@ class PartitionNeighborLoader(Loader):
         out = model(batch.x, batch.adj_t)[:batch.batch_size]
         loss = F.cross_entropy(out, batch.y[:batch.batch_size])
 
+    With :obj:`model` (a trimmed PyG model whose first layer
+    :func:`~pyg_dist.loader.neighbor.projects_on_owners` accepts, on the
+    CPU, without a feature cache), the input rows are not pulled: the
+    batch's ``x`` has no columns and ``batch.rows_plan`` (a
+    :class:`~pyg_dist.loader.neighbor.RowsPlan`) computes the first layer
+    with the rows' owners, every rank at the same step::
+
+        with trimmed(model, batch.adj_t, batch.num_sampled_nodes, batch.rows_plan):
+            out = model(batch.x, batch.adj_t)[:batch.batch_size]
+
     With :obj:`num_workers` > 0, batches are sampled ahead by a
     :class:`~pyg_dist.loader.neighbor.pipeline.SamplerPool` of that many background
     workers, each with its own gloo group, at an adaptive depth (see there);
@@ -106,7 +117,8 @@ class PartitionNeighborLoader(Loader):
                  input_nodes: Optional[Tensor] = None, shuffle: bool = True, seed: int = 0,
                  num_workers: int = 0, adaptive: bool = True,
                  cache_capacity: Union[int, str] = 0,
-                 device: Optional[torch.device] = None) -> None:
+                 device: Optional[torch.device] = None,
+                 model: Optional[torch.nn.Module] = None) -> None:
         if batch_size < 1 or num_workers < 0:
             raise ValueError(f"batch_size must be >= 1 and num_workers >= 0 "
                              f"(got {batch_size}, {num_workers})")
@@ -115,6 +127,11 @@ class PartitionNeighborLoader(Loader):
         self.sampler = PartitionNeighborSampler(data, num_neighbors, seed)
         self.group = new_gloo_group()
         self.store = PartitionFeatureStore(data, cache_capacity, self.group)
+        # The first layer projected by the rows' owners (rows_plan), which
+        # exchange over self.group in the trainer's step: the workers have
+        # groups of their own, and without workers the step follows sampling.
+        self.owners_project = (projects_on_owners(model, data.num_features)
+                               and self.device.type == "cpu" and not self.store.num_cached)
         mask = data.train_mask if input_nodes is None else input_nodes
         owned = data.global_id[:data.num_inner][mask.to(data.global_id.device)].cpu()
         self.seeds, self.chunk_sizes = split_seeds(owned, self.group)
@@ -161,7 +178,7 @@ class PartitionNeighborLoader(Loader):
         the same losses bit for bit."""
         return cls(inputs.data, list(fanout), batch_size, seed=inputs.seed,
                    num_workers=workers, adaptive=adaptive, device=inputs.device,
-                   cache_capacity=inputs.feature_cache_capacity or 0)
+                   cache_capacity=inputs.feature_cache_capacity or 0, model=inputs.model)
 
     def __len__(self) -> int:
         return self.steps
@@ -186,8 +203,14 @@ class PartitionNeighborLoader(Loader):
         stats = CommStats()
         seeds = self._seeds_of(job)
         sub = self.sampler.sample(seeds, job, group, stats)
-        rows = self.store.pull(sub.node, PartitionFeatureStore.KEYS, group, stats)
         n = sub.node.numel()
+        extra = {}
+        if self.owners_project:
+            rows, plan = self.store.pull_plan(sub.node, ("y", "n_id"), group, stats)
+            rows["x"] = self.store.tensors["x"].new_empty((n, 0))
+            extra["rows_plan"] = plan.attach(self.store.tensors["x"], self.group, self.stats)
+        else:
+            rows = self.store.pull(sub.node, PartitionFeatureStore.KEYS, group, stats)
         stats.count("seeds", seeds.numel())
         seeds_of_step = self.global_batch_size(job % self.steps)
         batch = TrainBatch(x=rows["x"], adj_t=csr(sub.edge_index, None, n, n, rows["x"].dtype),
@@ -199,7 +222,7 @@ class PartitionNeighborLoader(Loader):
                            edge_index=sub.edge_index, n_id=rows["n_id"],
                            extra={"global_id": sub.node,
                                   "num_sampled_nodes": sub.num_sampled_nodes,
-                                  "num_sampled_edges": sub.num_sampled_edges})
+                                  "num_sampled_edges": sub.num_sampled_edges, **extra})
         if self.device.type == "cuda":  # page-locked: the trainer's copy runs async
             batch = batch.pin_memory()
         return batch, stats
