@@ -8,17 +8,15 @@ as many for the weight's gradient). When that layer's aggregation is linear
 (:math:`\mathrm{aggr}_j(\mathbf{W} \mathbf{x}_j) = \mathbf{W}\,
 \mathrm{aggr}_j \mathbf{x}_j`), so the projection can run where the rows
 live: every rank projects the rows of its partition that any rank's batch
-reads, **once** (both the aggregated and the root projection, one GEMM of
-width :math:`d_{agg} + d_{root}`), and sends each requester the projected
+reads, **once** (the aggregated and the root projection), and sends each requester the projected
 rows instead of the raw ones:
 
 .. math::
-    \mathbf{P}_r = \mathbf{X}_r[\mathcal{U}_r]\,[\mathbf{W}_{agg} \,|\,
-    \mathbf{W}_{root}]^{\top}, \qquad
-    \mathbf{B} = [\mathbf{P}_r \,|\, \mathrm{A2A}(\mathbf{P}_q[\mathrm{send}_{q
-    \to r}])_q], \qquad
-    \mathbf{h}_i = \mathrm{aggr}_{j \in \mathcal{N}(i)} \mathbf{B}_{c(j),
-    :d_{agg}} + \mathbf{B}_{c(i), d_{agg}:} + \mathbf{b}
+    \mathbf{P}^{W}_r = \mathbf{X}_r[\mathcal{U}_r]\,\mathbf{W}^{\top}, \qquad
+    \mathbf{B}^{W} = [\mathbf{P}^{W}_r \,|\, \mathrm{A2A}(\mathbf{P}^{W}_q[
+    \mathrm{send}_{q \to r}])_q], \qquad
+    \mathbf{h}_i = \mathrm{aggr}_{j \in \mathcal{N}(i)}
+    \mathbf{B}^{W_{agg}}_{c(j)} + \mathbf{B}^{W_{root}}_{c(i)} + \mathbf{b}
 
 with :math:`\mathcal{U}_r` the rows of rank :math:`r` that any batch of the
 step reads and :math:`c` the batch row's place in :math:`\mathbf{B}`. In
@@ -161,17 +159,18 @@ class RowsPlan:
             raise RuntimeError("this batch's first layer is projected by the rows' owners: "
                                "run a model pyg_dist.loader.neighbor.projects_on_owners "
                                "accepts, through a loader that attached the features")
-        lins = [maps.aggregated] + ([maps.root] if maps.root is not None else [])
-        weight = torch.cat([lin.weight for lin in lins]) if len(lins) > 1 else lins[0].weight
         x_own = self.x if self.own is None else self.x.index_select(0, self.own)
-        rows = extend_rows(F.linear(x_own, weight), self, self.group, self.stats,
-                           "features.rows")
-        width = maps.aggregated.weight.size(0)
-        out = spmm(self._columns(block, rows.size(0)), rows[:, :width], reduce=conv.aggr)
+
+        def projected(lin: torch.nn.Linear) -> Tensor:  # [own | received] rows
+            return extend_rows(F.linear(x_own, lin.weight), self, self.group, self.stats,
+                               "features.rows")
+
+        out = spmm(self._columns(block, self.num_own + self.num_recv),
+                   projected(maps.aggregated), reduce=conv.aggr)
         if maps.root is not None:
-            out = out + rows[:, width:].index_select(0, self.position[:block.size(0)])
-        for lin in lins:
-            if lin.bias is not None:
+            out = out + projected(maps.root).index_select(0, self.position[:block.size(0)])
+        for lin in (maps.aggregated, maps.root):
+            if lin is not None and lin.bias is not None:
                 out = out + lin.bias
         return F.normalize(out, p=2., dim=-1) if maps.normalize else out
 
