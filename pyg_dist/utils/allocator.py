@@ -131,9 +131,14 @@ class PeakSampler:
     at every :meth:`sample` call (the points where peaks happen, e.g. after
     a forward pass). A peak shorter than :obj:`interval` between two
     :meth:`sample` calls may be missed: the figure is a lower bound.
-    Inactive (all ``None``) where :func:`malloc_in_use` is."""
+    Inactive (all ``None``) where :func:`malloc_in_use` is.
 
-    def __init__(self, interval: float = 0.002) -> None:
+    Every read walks each arena's free lists under its lock (36 us median
+    on a training rank's fragmented heap, measured): at the 2 ms this
+    sampler once took, the thread used 7% of a core beside neighbour-loader
+    training (1.44 s of CPU in 20 s), so it reads every 10 ms."""
+
+    def __init__(self, interval: float = 0.01) -> None:
         self.interval = interval
         self.peak: Optional[int] = None
         self._stop = threading.Event()

@@ -2,6 +2,8 @@
 (pyg_dist.loader.neighbor.rows_plan): the seeds' outputs and the weight
 gradients summed over the ranks equal a plain PyG model's on the pulled
 batch, whether an owner projects its whole partition or the rows read."""
+import json
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -9,12 +11,15 @@ from torch_geometric.nn import GCN, GraphConv, GraphSAGE
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 
 import pyg_dist
+from pyg_dist.config import TrainConfig
 from pyg_dist.datasets import synthetic_communities
 from pyg_dist.loader import PartitionNeighborLoader
 from pyg_dist.loader.neighbor import projects_on_owners
 from pyg_dist.nn.conv.sage_conv import project_first
 from pyg_dist.nn.trim import trimmed
-from tests.numeric import assert_fp32_close, assert_params_close
+from pyg_dist.train import load_model
+from tests.loader.neighbor_fast_workers import train_run
+from tests.numeric import assert_fp32_close, assert_params_close, assert_scalar_close
 
 FEATURES = 40
 
@@ -108,3 +113,26 @@ def test_which_first_layers_the_owners_project():
     kept = GraphSAGE(40, 8, 2, 3)
     kept.convs[0].project_first = False  # PyG's order, everywhere
     assert not projects_on_owners(kept, 40)
+
+
+def test_training_projects_on_the_owners_with_the_pulled_results(parts, tmp_path):
+    r"""``train()`` with the neighbour loader projects the first layer on
+    the owners when it can: the losses and the final parameters are those
+    of the pulled batches (a one-row feature cache, which serves the same
+    rows, keeps the pull), and fewer feature bytes travel."""
+    runs = {}
+    for name, cache in (("projected", {}),
+                        ("pulled", {"feature_cache": "degree", "feature_cache_capacity": "1"})):
+        config = TrainConfig(model="sage", num_layers=2, hidden=4, epochs=2, progress=False,
+                             loader="neighbor", **cache,
+                             loader_args={"fanout": [4, 3], "batch_size": 16})
+        out = str(tmp_path / name)
+        pyg_dist.spawn(train_run, 2, (parts, config, out), timeout=180)
+        rows = [json.loads(line) for line in open(f"{out}/metrics.jsonl")]
+        runs[name] = (rows, load_model(out).state_dict())
+    (rows, state), (pulled_rows, pulled_state) = runs["projected"], runs["pulled"]
+    for row, pulled in zip(rows, pulled_rows):
+        assert_scalar_close(row["loss"], pulled["loss"])
+        # 2 x 4 projected floats a row, forward; 40 raw ones
+        assert row["feature_bytes"] < pulled["feature_bytes"] / 2
+    assert_params_close(state, pulled_state, msg="parameters after training")
