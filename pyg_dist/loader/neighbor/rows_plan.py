@@ -8,8 +8,8 @@ as many for the weight's gradient). When that layer's aggregation is linear
 (:math:`\mathrm{aggr}_j(\mathbf{W} \mathbf{x}_j) = \mathbf{W}\,
 \mathrm{aggr}_j \mathbf{x}_j`), so the projection can run where the rows
 live: every rank projects the rows of its partition that any rank's batch
-reads, **once** (the aggregated and the root projection), and sends each requester the projected
-rows instead of the raw ones:
+reads, **once** (the aggregated and the root projection), and sends each
+requester the projected rows instead of the raw ones:
 
 .. math::
     \mathbf{P}^{W}_r = \mathbf{X}_r[\mathcal{U}_r]\,\mathbf{W}^{\top}, \qquad
@@ -178,4 +178,3 @@ class RowsPlan:
         r""":obj:`block` (CSR, columns in batch order) over ``[own | received]``."""
         return csr_tensor(block.crow_indices(), self.position[block.col_indices()],
                           block.values(), (block.size(0), num_cols))
-
