@@ -156,7 +156,7 @@ class PointToPoint(Exchange):
     def extend(self, ctx, key: str, x: Tensor, plan: HaloPlan) -> Tensor:
         if _exchanges_nothing(plan, ctx.group):
             return super().extend(ctx, key, x, plan)
-        return extend_rows(x, plan, ctx.group, ctx.stats, key)
+        return _Extended.apply(x, plan, ctx.group, ctx.stats, key)
 
     def start(self, ctx, key: str, rows: Tensor, send_counts: List[int],
               recv_counts: List[int], backward: bool = False) -> Transfer:

@@ -110,7 +110,8 @@ def trimmed(model: BasicGNN, adj_t: Optional[Tensor], num_sampled_nodes: List[in
     finally:
         for handle in handles:
             handle.remove()
-        model.convs[0].__dict__.pop("forward", None)
+        if first_layer is not None:  # the layer's own forward again
+            del model.convs[0].forward
 
 
 def _restore(module, args, out) -> None:
