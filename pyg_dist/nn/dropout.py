@@ -1,35 +1,53 @@
-r"""Dropout on the CPU at less than half its cost.
+r"""Dropout on the CPU at a fraction of its cost.
 
 :class:`torch.nn.Dropout` draws its mask on the CPU with ``bernoulli_``,
 one double-precision draw per entry: on 25,000 x 128 rows (a GraphSAGE
 layer's output in a sampled batch) 56 ms forward with one thread (58 ms
-with its backward), more than the layer's own projection. :class:`Dropout` draws 31-bit integers instead
-(:math:`r_i` uniform on :math:`[0, 2^{31})`) and keeps entry :math:`i` when
-:math:`r_i < t` with :math:`t = \mathrm{round}((1 - p) \cdot 2^{31})`, so
+with its backward), more than the layer's own projection. :class:`Dropout`
+draws random 64-bit words (``random_`` over the whole ``int64`` range: all
+64 bits uniform) and reads them as :math:`b`-bit integers :math:`r_i`,
+uniform on :math:`[0, 2^b)`, :math:`64 / b` entries a word. Entry :math:`i`
+is kept when :math:`r_i < t` with :math:`t = \mathrm{round}((1 - p) \cdot
+2^b)` (at least 1, at most :math:`2^b - 1`), so
 
 .. math::
-    \mathbf{y} = \frac{2^{31}}{t} \, \mathbf{m} \odot \mathbf{x}, \qquad
-    \Pr(m_i = 1) = \frac{t}{2^{31}},
+    \mathbf{y} = \frac{2^b}{t} \, \mathbf{m} \odot \mathbf{x}, \qquad
+    \Pr(m_i = 1) = \frac{t}{2^b},
 
-unbiased (:math:`\mathbb{E}[\mathbf{y}] = \mathbf{x}`) with the keep
-probability within :math:`2^{-32}` of :math:`1 - p`: 21 ms forward for the
-same rows (28 ms with its backward). The mask is kept for the backward as one byte per entry (``bernoulli_``'s
-is as wide as the input). Draws come from torch's default generator, so
-seeding and checkpointed generator states reproduce them; on other devices
-it is :func:`torch.nn.functional.dropout`.
+unbiased (:math:`\mathbb{E}[\mathbf{y}] = \mathbf{x}`). :math:`b` is the
+fewest of 8, 16 and 32 bits that make :math:`(1 - p) \cdot 2^b` a whole
+number, so the keep probability is exactly :math:`1 - p` for the usual
+:math:`p` (0.5: one byte an entry), and within :math:`2^{-33}` of it with
+32 bits otherwise. On 23,600 x 128 rows with one thread the mask costs
+3.1 ms at :math:`p = 0.5` (``random_`` of 31-bit integers, one an entry,
+took 10.5 ms; measured). The mask is kept for the backward as one byte
+per entry (``bernoulli_``'s is as wide as the input). Draws come from
+torch's default generator, so seeding and checkpointed generator states
+reproduce them; on other devices it is :func:`torch.nn.functional.dropout`.
 """
 import torch
 from torch import Tensor
 
-_BITS = 2**31  # int32 random_() draws uniformly from [0, 2^31)
+#: The signed integer type read out of the random words for b bits.
+_SIGNED = {8: torch.int8, 16: torch.int16, 32: torch.int32}
+
+
+def _keep_mask(shape: torch.Size, p: float):
+    r"""The mask (bool) and the scale :math:`2^b / t` (see the module)."""
+    keep_share = 1.0 - p
+    bits = next((b for b in (8, 16) if (keep_share * 2**b).is_integer()), 32)
+    threshold = min(max(round(keep_share * 2**bits), 1), 2**bits - 1)
+    numel = shape.numel()
+    words = torch.empty(-(-numel * bits // 64), dtype=torch.int64).random_(-2**63, None)
+    # signed b-bit reads r - 2^(b-1): r < t is the same comparison shifted
+    draws = words.view(_SIGNED[bits])[:numel].view(shape)
+    return draws < threshold - 2**(bits - 1), 2**bits / threshold
 
 
 class _Dropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, p: float) -> Tensor:
-        threshold = round((1.0 - p) * _BITS)
-        keep = torch.empty(x.shape, dtype=torch.int32).random_() < threshold
-        ctx.scale = _BITS / threshold
+        keep, ctx.scale = _keep_mask(x.shape, p)
         ctx.save_for_backward(keep)
         return _masked(x, keep, ctx.scale)
 
@@ -40,13 +58,13 @@ class _Dropout(torch.autograd.Function):
 
 
 def _masked(x: Tensor, keep: Tensor, scale: float) -> Tensor:
-    r""":math:`s \, \mathbf{m} \odot \mathbf{x}` into one new buffer (no
-    float copy of the mask): :math:`x_i \cdot 1` is exact, so the result is
-    bit for bit :math:`x_i \cdot (m_i s)`. The mask multiplies as bytes
-    (its bool storage viewed as ``uint8``, the same 0 and 1): the same
-    products, 2.3x faster than torch's bool-times-float loop (measured,
-    28,500 x 128 rows, one thread)."""
-    return x.mul(keep.view(torch.uint8)).mul_(scale)
+    r""":math:`s \, \mathbf{m} \odot \mathbf{x}` in one pass into one new
+    buffer: ``addcmul`` of a zero scalar, :math:`0 + (s x_i) m_i`, with the
+    mask's bool storage read as ``uint8`` (the same 0 and 1). Kept entries
+    are :math:`s x_i`, the same float as :math:`x_i \cdot (m_i s)`; dropped
+    ones are zero. Half the time of a product and a scaling (measured,
+    23,600 x 128 rows, one thread: 2.2 against 4.3 ms)."""
+    return torch.addcmul(x.new_zeros(()), x, keep.view(torch.uint8), value=scale)
 
 
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:

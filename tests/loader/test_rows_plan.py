@@ -70,7 +70,10 @@ def both_ways(root: str, batch_size: int):
                     with trimmed(model, batch.adj_t, batch.num_sampled_nodes,
                                  batch.rows_plan) if batch is projected else torch.enable_grad():
                         seeds = model(batch.x, batch.adj_t)[:batch.batch_size]
-                    seeds.square().sum().backward()
+                    # a fixed random direction: with normalize=True the seeds'
+                    # rows have unit norm, and a norm-based loss has no gradient
+                    probe = torch.randn(seeds.shape, generator=torch.Generator().manual_seed(step))
+                    (seeds * probe).sum().backward()
                     runs.append((seeds.detach(), _summed_grads(model)))
                 out[name, step] = (runs, projected.rows_plan.own is None)
                 if step == 2:

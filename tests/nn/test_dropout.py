@@ -8,7 +8,7 @@ import torch
 from torch_geometric.nn import GraphSAGE
 
 from pyg_dist.config import TrainConfig, build_model
-from pyg_dist.nn.dropout import Dropout, dropout, fast_dropout
+from pyg_dist.nn.dropout import Dropout, _keep_mask, dropout, fast_dropout
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
@@ -21,6 +21,17 @@ def test_keep_probability_and_expected_value(p):
     assert abs(float(kept.float().mean()) - (1 - p)) < 6 * math.sqrt(p * (1 - p) / n)
     torch.testing.assert_close(y[kept], torch.full_like(y[kept], 1 / (1 - p)))
     assert abs(float(y.mean()) - 1.0) < 6 * math.sqrt(p / (1 - p) / n)
+
+
+@pytest.mark.parametrize("p, bits", [(0.5, 8), (0.25, 8), (0.2, 32), (0.1, 32)])
+def test_keep_probability_is_exact_where_a_byte_or_two_can_hold_it(p, bits):
+    # the scale is 2^b / t: exactly 1 / (1 - p) where (1 - p) 2^b is whole
+    keep, scale = _keep_mask(torch.Size([64, 3]), p)
+    assert keep.shape == (64, 3) and keep.dtype == torch.bool
+    if bits == 8:
+        assert scale == 1 / (1 - p)
+    else:
+        assert scale != 1 / (1 - p) and abs(scale * (1 - p) - 1) < 2**-31
 
 
 def test_backward_uses_the_forward_mask():

@@ -8,8 +8,9 @@ as many for the weight's gradient). When that layer's aggregation is linear
 (:math:`\mathrm{aggr}_j(\mathbf{W} \mathbf{x}_j) = \mathbf{W}\,
 \mathrm{aggr}_j \mathbf{x}_j`), so the projection can run where the rows
 live: every rank projects the rows of its partition that any rank's batch
-reads, **once** (the aggregated and the root projection), and sends each
-requester the projected rows instead of the raw ones:
+reads, **once** (the aggregated and the root projection in one product with
+:math:`[\mathbf{W}_{agg}; \mathbf{W}_{root}]`), and sends each requester the
+projected rows instead of the raw ones:
 
 .. math::
     \mathbf{P}^{W}_r = \mathbf{X}_r[\mathcal{U}_r]\,\mathbf{W}^{\top}, \qquad
@@ -160,17 +161,20 @@ class RowsPlan:
                                "run a model pyg_dist.loader.neighbor.projects_on_owners "
                                "accepts, through a loader that attached the features")
         x_own = self.x if self.own is None else self.x.index_select(0, self.own)
-
-        def projected(lin: torch.nn.Linear) -> Tensor:  # [own | received] rows
-            return extend_rows(F.linear(x_own, lin.weight), self, self.group, self.stats,
-                               "features.rows")
-
-        out = spmm(self._columns(block, self.num_own + self.num_recv),
-                   projected(maps.aggregated), reduce=conv.aggr)
+        lins = [maps.aggregated] + ([maps.root] if maps.root is not None else [])
+        # one GEMM for both maps ([W_agg; W_root] read x_own once), then one
+        # exchange per map: one exchange of both would cost a copy of the
+        # whole [own | received] buffer in backward (measured slower)
+        weight = torch.cat([lin.weight for lin in lins]) if len(lins) > 1 else lins[0].weight
+        parts = [extend_rows(projected, self, self.group, self.stats, "features.rows")
+                 for projected in F.linear(x_own, weight).split(
+                     [lin.weight.size(0) for lin in lins], dim=1)]  # [own | received]
+        out = spmm(self._columns(block, self.num_own + self.num_recv), parts[0],
+                   reduce=conv.aggr)
         if maps.root is not None:
-            out = out + projected(maps.root).index_select(0, self.position[:block.size(0)])
-        for lin in (maps.aggregated, maps.root):
-            if lin is not None and lin.bias is not None:
+            out = out + parts[1].index_select(0, self.position[:block.size(0)])
+        for lin in lins:
+            if lin.bias is not None:
                 out = out + lin.bias
         return F.normalize(out, p=2., dim=-1) if maps.normalize else out
 
