@@ -37,8 +37,8 @@ class OwnerRequest:
         ones = [1] * self.world
         self.recv_counts: List[int] = self._exchange(
             torch.tensor(self.send_counts), ones, ones, key).tolist()
-        self.received = self._exchange(ids[self.order], self.send_counts, self.recv_counts,
-                                       key)
+        self.received = self._exchange(ids.index_select(0, self.order), self.send_counts,
+                                       self.recv_counts, key)
 
     def _count(self, key: str, sent: List[int], recv: List[int], row_bytes: int) -> None:
         if self.stats is not None:

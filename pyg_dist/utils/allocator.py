@@ -141,7 +141,7 @@ class PeakSampler:
     ``/proc``), so it reads every 50 ms. The peak of a step is at the end of
     its forward, which :meth:`sample` is called for."""
 
-    def __init__(self, interval: float = 0.05) -> None:
+    def __init__(self, interval: float = 0.1) -> None:
         self.interval = interval
         self.peak: Optional[int] = None
         self._stop = threading.Event()

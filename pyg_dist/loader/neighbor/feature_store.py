@@ -90,13 +90,14 @@ class PartitionFeatureStore:
         owner = owner_of(ids, self.partptr)
         is_local = owner == self.rank
         local, remote = is_local.nonzero().view(-1), (~is_local).nonzero().view(-1)
-        local_rows = ids[local] - self.start
-        slot = self._cache_slots(ids[remote])
+        local_rows = ids.index_select(0, local) - self.start
+        slot = self._cache_slots(ids.index_select(0, remote))
         hit, miss = remote[slot >= 0], remote[slot < 0]
         if stats is not None:
             stats.count("cache_hits", hit.numel())
             stats.count("cache_lookups", remote.numel())  # every remote row asked for
-        request = OwnerRequest(ids[miss], owner[miss], group, stats, "features")
+        request = OwnerRequest(ids.index_select(0, miss), owner.index_select(0, miss), group,
+                               stats, "features")
         served = request.received - self.start
         # One gather writes the local rows in place (the others read row 0 and
         # are overwritten below): a pass over the batch's rows fewer than

@@ -140,7 +140,7 @@ class RowsPlan:
             place = read.cumsum(0) - 1  # a read row's position in own
 
         def at(rows: Tensor) -> Tensor:
-            return rows if place is None else place[rows]
+            return rows if place is None else place.index_select(0, rows)
 
         position = torch.empty(num_rows, dtype=torch.long)
         position[local] = at(local_rows)
@@ -180,5 +180,6 @@ class RowsPlan:
 
     def _columns(self, block: Tensor, num_cols: int) -> Tensor:
         r""":obj:`block` (CSR, columns in batch order) over ``[own | received]``."""
-        return csr_tensor(block.crow_indices(), self.position[block.col_indices()],
-                          block.values(), (block.size(0), num_cols))
+        columns = self.position.index_select(0, block.col_indices())
+        return csr_tensor(block.crow_indices(), columns, block.values(),
+                          (block.size(0), num_cols))

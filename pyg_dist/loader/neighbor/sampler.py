@@ -26,14 +26,14 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, targets: Tensor, num: int,
     in :math:`[0, d - k + i]` and takes it, or :math:`d - k + i` if it was
     taken, so every :math:`k`-subset is equally likely, at :math:`O(k)`
     vector operations over the targets, never over their neighbours."""
-    start = rowptr[targets]
-    deg = rowptr[targets + 1] - start
+    start = rowptr.index_select(0, targets)
+    deg = rowptr.index_select(0, targets + 1) - start
     counts = deg if num < 0 else deg.clamp(max=num)
     total = int(counts.sum())
     out_ptr = counts.cumsum(0) - counts
     segment = torch.repeat_interleave(torch.arange(targets.numel()), counts,
                                       output_size=total)
-    pos = torch.arange(total) - out_ptr[segment]  # the first counts[i] neighbours...
+    pos = torch.arange(total) - out_ptr.index_select(0, segment)  # the first counts[i] neighbours...
     big = (deg > counts).nonzero().view(-1)
     if big.numel():  # ...unless there are more than k of them
         d = deg[big]
@@ -45,7 +45,7 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, targets: Tensor, num: int,
             taken = (chosen[:, :i] == t.unsqueeze(1)).any(1)
             chosen[:, i] = torch.where(taken, last, t)
         pos[(out_ptr[big].unsqueeze(1) + torch.arange(num)).view(-1)] = chosen.view(-1)
-    return counts, col[start[segment] + pos]
+    return counts, col.index_select(0, start.index_select(0, segment) + pos)
 
 
 class SampledSubgraph(NamedTuple):
@@ -103,8 +103,8 @@ class PartitionNeighborSampler:
         rows, cols = [], []
         num_nodes, num_edges = [node.numel()], []
         for hop, num in enumerate(self.num_neighbors):
-            request = OwnerRequest(node[frontier], owner_of(node[frontier], self.partptr),
-                                   group, stats, "sample")
+            ids = node.index_select(0, frontier)
+            request = OwnerRequest(ids, owner_of(ids, self.partptr), group, stats, "sample")
             generator = torch.Generator().manual_seed(
                 mix_seeds(self.seed, key, hop, dist.get_rank(group)))
             counts, values = sample_neighbors(self.rowptr, self.col,
@@ -113,7 +113,7 @@ class PartitionNeighborSampler:
             known = node.numel()
             node, src = _append_new(node, neighbours)
             rows.append(src)
-            cols.append(frontier[request.order].repeat_interleave(counts))
+            cols.append(frontier.index_select(0, request.order).repeat_interleave(counts))
             frontier = torch.arange(known, node.numel())
             num_nodes.append(frontier.numel())
             num_edges.append(src.numel())
@@ -127,7 +127,7 @@ class PartitionNeighborSampler:
         if node.numel() ** 2 <= torch.iinfo(torch.int32).max:
             key = key.int()
         order = torch.argsort(key)
-        edge_index = torch.stack([row[order], col[order]])
+        edge_index = torch.stack([row.index_select(0, order), col.index_select(0, order)])
         return SampledSubgraph(node, edge_index, num_nodes, num_edges)
 
 
@@ -165,12 +165,12 @@ def _append_new_dense(node: Tensor, both: Tensor, low: int, span: int
     slot = both - low
     first = torch.full((span, ), both.numel(), dtype=torch.long)
     first.scatter_reduce_(0, slot, index, "amin")
-    first = first[slot]  # per element: its id's first occurrence
+    first = first.index_select(0, slot)  # per element: its id's first occurrence
     new = first == index
     new[:known] = False
     # the new ids up to each element, so a new id's number is at its first occurrence
     number = new.cumsum(0) + (known - 1)
-    position = torch.where(first < known, first, number[first])
+    position = torch.where(first < known, first, number.index_select(0, first))
     return torch.cat([node, both[new]]), position[known:]
 
 
@@ -182,4 +182,5 @@ def _append_new_sorted(node: Tensor, both: Tensor) -> Tuple[Tensor, Tensor]:
     new = new[torch.argsort(first[new])]
     position = first.clone()  # an existing node's first occurrence is its position
     position[new] = torch.arange(node.numel(), node.numel() + new.numel())
-    return torch.cat([node, unique[new]]), position[inverse[node.numel():]]
+    return torch.cat([node, unique.index_select(0, new)]), \
+        position.index_select(0, inverse[node.numel():])
