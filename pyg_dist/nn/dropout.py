@@ -25,6 +25,8 @@ per entry (``bernoulli_``'s is as wide as the input). Draws come from
 torch's default generator, so seeding and checkpointed generator states
 reproduce them; on other devices it is :func:`torch.nn.functional.dropout`.
 """
+from typing import Tuple
+
 import torch
 from torch import Tensor
 
@@ -32,7 +34,7 @@ from torch import Tensor
 _SIGNED = {8: torch.int8, 16: torch.int16, 32: torch.int32}
 
 
-def _keep_mask(shape: torch.Size, p: float):
+def _keep_mask(shape: torch.Size, p: float) -> Tuple[Tensor, float]:
     r"""The mask (bool) and the scale :math:`2^b / t` (see the module)."""
     keep_share = 1.0 - p
     bits = next((b for b in (8, 16) if (keep_share * 2**b).is_integer()), 32)

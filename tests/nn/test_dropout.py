@@ -23,12 +23,14 @@ def test_keep_probability_and_expected_value(p):
     assert abs(float(y.mean()) - 1.0) < 6 * math.sqrt(p / (1 - p) / n)
 
 
-@pytest.mark.parametrize("p, bits", [(0.5, 8), (0.25, 8), (0.2, 32), (0.1, 32)])
-def test_keep_probability_is_exact_where_a_byte_or_two_can_hold_it(p, bits):
-    # the scale is 2^b / t: exactly 1 / (1 - p) where (1 - p) 2^b is whole
+@pytest.mark.parametrize("p, exact", [(0.5, True), (0.25, True), (1 / 1024, True),
+                                      (0.2, False), (0.1, False)])
+def test_keep_probability_is_exact_where_a_byte_or_two_can_hold_it(p, exact):
+    # the scale is 2^b / t: exactly 1 / (1 - p) where (1 - p) 2^b is whole for
+    # b = 8 (0.5, 0.25) or 16 (1/1024); within 2^-32 of it with 32 bits
     keep, scale = _keep_mask(torch.Size([64, 3]), p)
     assert keep.shape == (64, 3) and keep.dtype == torch.bool
-    if bits == 8:
+    if exact:
         assert scale == 1 / (1 - p)
     else:
         assert scale != 1 / (1 - p) and abs(scale * (1 - p) - 1) < 2**-31

@@ -33,7 +33,8 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, targets: Tensor, num: int,
     out_ptr = counts.cumsum(0) - counts
     segment = torch.repeat_interleave(torch.arange(targets.numel()), counts,
                                       output_size=total)
-    pos = torch.arange(total) - out_ptr.index_select(0, segment)  # the first counts[i] neighbours...
+    # the first counts[i] neighbours...
+    pos = torch.arange(total) - out_ptr.index_select(0, segment)
     big = (deg > counts).nonzero().view(-1)
     if big.numel():  # ...unless there are more than k of them
         d = deg[big]
