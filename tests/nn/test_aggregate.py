@@ -43,6 +43,23 @@ def test_equals_pyg_at_every_use(reduce):
         assert torch.equal(got, torch.autograd.grad(spmm(adj, x, reduce), x, grad)[0])
 
 
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_an_unmarked_graph_equals_pyg(reduce, monkeypatch):
+    # a sampled batch's block: a sum takes torch's reduction kernel, not PyG's call
+    adj = _adjacency(60, 80, 400, seed=1)
+    x = torch.randn(80, 7, requires_grad=True)
+    grad = torch.randn(60, 7)
+    expected = pyg_spmm(adj, x, reduce)
+    expected_grad, = torch.autograd.grad(expected, x, grad)
+    calls = []
+    real = torch.sparse.mm
+    monkeypatch.setattr(torch.sparse, "mm", lambda *args: calls.append(args[2:]) or real(*args))
+    out = spmm(adj, x, reduce)
+    assert calls == [(reduce, )]
+    assert_fp32_close(out, expected)
+    assert_fp32_close(torch.autograd.grad(out, x, grad)[0], expected_grad)
+
+
 def test_unmarked_and_gradient_free_graphs_keep_nothing():
     adj, x = _adjacency(30, 30, 100), torch.randn(30, 4, requires_grad=True)
     for _ in range(2):
