@@ -99,6 +99,7 @@ class PartitionFeatureStore:
         request = OwnerRequest(ids.index_select(0, miss), owner.index_select(0, miss), group,
                                stats, "features")
         served = request.received - self.start
+        answered = miss.index_select(0, request.order)  # where the replies' rows go
         # One gather writes the local rows in place (the others read row 0 and
         # are overwritten below): a pass over the batch's rows fewer than
         # gathering the local rows apart and scattering them.
@@ -113,10 +114,10 @@ class PartitionFeatureStore:
                 torch.index_select(table, 0, gather, out=rows)
             if hit.numel():
                 rows.index_copy_(0, hit, self.cached[key].index_select(0, slot[slot >= 0]))
-            rows.index_copy_(0, miss[request.order], replies[key])
+            rows.index_copy_(0, answered, replies[key])
             out[key] = rows
-        return out, (RowsPlan.of(ids.numel(), local, local_rows, miss[request.order], served,
-                                 request, self.tensors["x"].size(0)) if plan else None)
+        return out, (RowsPlan.of(ids.numel(), local, local_rows, answered, served, request,
+                                 self.tensors["x"].size(0)) if plan else None)
 
     def _replies(self, request: OwnerRequest, served: Tensor,
                  keys: Sequence[str]) -> Dict[str, Tensor]:
