@@ -78,12 +78,13 @@ class Heartbeat:
     instead of only which socket closed."""
     current: Optional["Heartbeat"] = None
     interval = 0.5
+    timeout = 10.0  # seconds a store request may take
     silence = 4 * interval  # seconds without a beat before a rank counts as lost
 
     def __init__(self, host: str, port: int, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
         self.store = dist.PrefixStore("pyg_dist/heartbeat", dist.TCPStore(
-            host, port, is_master=False, timeout=timedelta(seconds=10),
+            host, port, is_master=False, timeout=timedelta(seconds=self.timeout),
             wait_for_workers=False))
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._beat, daemon=True,
@@ -93,7 +94,7 @@ class Heartbeat:
     @classmethod
     def start(cls, host: str, port: int, rank: int, world_size: int) -> None:
         if cls.current is not None:
-            cls.current.stop.set()
+            cls.current.close()
         try:
             cls.current = cls(host, port, rank, world_size)
         except (RuntimeError, OSError):  # no store to talk to: fail as before, unnamed
@@ -106,6 +107,15 @@ class Heartbeat:
             except Exception:  # the store's host is gone: lost_ranks reports it
                 return
             self.stop.wait(self.interval)
+
+    def close(self) -> None:
+        r"""Stops the beats and waits for the thread (at most the store's
+        timeout). A daemon thread still inside ``store.add`` (C++, without
+        the GIL) when the interpreter exits is ended by CPython as it takes
+        the GIL back, by an unwind through C++ frames that may abort the
+        process ("terminate called without an active exception")."""
+        self.stop.set()
+        self.thread.join(self.timeout)
 
     def counts(self) -> List[int]:
         return [self.store.add(str(r), 0) for r in range(self.world_size)]
@@ -142,9 +152,9 @@ def name_lost_ranks(error: BaseException) -> BaseException:
 
 
 def stop_heartbeat() -> None:
-    if Heartbeat.current is not None:
-        Heartbeat.current.stop.set()
-        Heartbeat.current = None
+    beat, Heartbeat.current = Heartbeat.current, None
+    if beat is not None:
+        beat.close()
 
 
 def device() -> torch.device:

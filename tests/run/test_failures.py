@@ -358,3 +358,23 @@ def test_ctrl_c_of_a_single_rank_run_is_one_line(graph, tmp_path):
     launcher.send_signal(signal.SIGINT)
     _, err = launcher.communicate(timeout=60)
     assert launcher.returncode == 130 and err.strip() == "pyg-dist train: interrupted (Ctrl-C)"
+
+
+def test_stopped_heartbeat_thread_has_ended():
+    # A heartbeat thread left inside store.add while the interpreter exits
+    # can abort the process: stopping it waits for the thread.
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from pyg_dist.distributed import Heartbeat, free_port, stop_heartbeat
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=10),
+                           wait_for_workers=False)
+    Heartbeat.start("127.0.0.1", port, 0, 1)
+    beat = Heartbeat.current
+    assert beat is not None and beat.thread.is_alive()
+    time.sleep(0.05)  # a beat or so
+    stop_heartbeat()
+    assert Heartbeat.current is None and not beat.thread.is_alive()
+    assert int(server.get("pyg_dist/heartbeat/0")) >= 1

@@ -97,3 +97,22 @@ def test_unknown_malloc_mode_is_refused():
     from pyg_dist.config import TrainConfig
     with pytest.raises(ValueError, match="malloc must be one of system, compact"):
         TrainConfig(malloc="jemalloc").validate()
+
+
+@pytest.mark.parametrize("device, released, peak, expected", [
+    ("cpu", (500, 380), 520, False),  # all 120 released pages faulted back in
+    ("cpu", (500, 380), 450, False),  # 70 of 120 faulted back in
+    ("cpu", (500, 380), 420, True),  # 40 of 120 faulted back in: it paid
+    ("cpu", (500, 500), 600, True),  # nothing released, nothing to fault
+    ("cpu", None, 300, False),  # no release this epoch: none until an evaluation
+    ("cuda", (500, 380), 520, True),  # the peak is the GPU's: host pages unknown
+])
+def test_free_pages_released_while_the_steps_leave_them_out(device, released, peak, expected):
+    from types import SimpleNamespace
+
+    from pyg_dist.train import _Run
+    run = SimpleNamespace(device=torch.device(device), epochs_released=2)
+    assert _Run._releases_next(run, released, peak) is expected
+    # after the first epoch's release, always once more (its one-off buffers)
+    run.epochs_released = 1
+    assert _Run._releases_next(run, released, peak) is (released is not None)

@@ -172,10 +172,10 @@ class RowsPlan:
         out = spmm(self._columns(block, self.num_own + self.num_recv), parts[0],
                    reduce=conv.aggr)
         if maps.root is not None:
-            out = out + parts[1].index_select(0, self.position[:block.size(0)])
+            out = _AddRows.apply(out, parts[1], self.position[:block.size(0)])
         for lin in lins:
             if lin.bias is not None:
-                out = out + lin.bias
+                out = out.add_(lin.bias)  # the aggregation's output, not saved by it
         return F.normalize(out, p=2., dim=-1) if maps.normalize else out
 
     def _columns(self, block: Tensor, num_cols: int) -> Tensor:
@@ -183,3 +183,24 @@ class RowsPlan:
         columns = self.position.index_select(0, block.col_indices())
         return csr_tensor(block.crow_indices(), columns, block.values(),
                           (block.size(0), num_cols))
+
+
+class _AddRows(torch.autograd.Function):
+    r"""``out += rows[index]`` in place. Its backward scatters the gradient
+    into a zero buffer with ``index_add_``: autograd's backward of
+    ``index_select`` scatters through an index expanded to the gradient's
+    shape, 64 bits per value (measured: 5.0 against 2.9 ms, 23,600 of
+    28,000 rows of 128, one thread)."""
+
+    @staticmethod
+    def forward(ctx, out: Tensor, rows: Tensor, index: Tensor) -> Tensor:
+        ctx.mark_dirty(out)
+        ctx.save_for_backward(index)
+        ctx.num_rows = rows.size(0)
+        return out.add_(rows.index_select(0, index))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        index, = ctx.saved_tensors
+        grad_rows = grad.new_zeros((ctx.num_rows, ) + tuple(grad.shape[1:]))
+        return grad, grad_rows.index_add_(0, index, grad), None
