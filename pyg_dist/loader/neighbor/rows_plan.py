@@ -49,6 +49,7 @@ from pyg_dist.nn.conv.sage_conv import LINEAR_AGGREGATIONS
 from pyg_dist.nn.trim import trims
 from pyg_dist.utils import csr_tensor
 from pyg_dist.utils.aggregate import spmm
+from pyg_dist.utils.gemm import linear
 
 #: An owner projects its whole partition (no gather) when the step reads at
 #: least this share of its rows: a row projected for nothing costs about
@@ -167,7 +168,7 @@ class RowsPlan:
         # whole [own | received] buffer in backward (measured slower)
         weight = torch.cat([lin.weight for lin in lins]) if len(lins) > 1 else lins[0].weight
         parts = [extend_rows(projected, self, self.group, self.stats, "features.rows")
-                 for projected in F.linear(x_own, weight).split(
+                 for projected in linear(x_own, weight).split(
                      [lin.weight.size(0) for lin in lins], dim=1)]  # [own | received]
         out = spmm(self._columns(block, self.num_own + self.num_recv), parts[0],
                    reduce=conv.aggr)
