@@ -5,7 +5,10 @@ R-MAT, for
 * ``before``: another tree of the package (``--before``, e.g. the commit
   before live memory was measured: ``git archive <commit> | tar -x -C DIR``),
   run as is: its baseline does not hold the partition's mapped features;
-* ``default``: this tree, ``--malloc system`` (glibc and torch as they are);
+* ``default``: this tree with its defaults (``--malloc reuse`` since
+  2026-11-27's seventh stop: glibc keeps freed memory for the next step);
+* ``system`` (``--variants``): this tree, ``--malloc system`` (glibc and
+  torch as they are; the default before);
 * ``compact``: this tree, ``--malloc compact`` (chunks from 256 KiB mapped
   on their own, torch's buffers from 2 MiB on huge pages);
 * ``mmap64k`` (``--variants``): this tree with ``MALLOC_MMAP_THRESHOLD_=65536
@@ -48,7 +51,8 @@ GRAPHS = {"reddit-shaped": [], "rmat": []}
 METHODS = {"exact": [], "bns": ["--sampler", "bns"]}
 MMAP64K = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 # name: (tree, environment, flags)
-VARIANTS = {"default": (REPO, None, []), "compact": (REPO, None, ["--malloc", "compact"]),
+VARIANTS = {"default": (REPO, None, []), "system": (REPO, None, ["--malloc", "system"]),
+            "compact": (REPO, None, ["--malloc", "compact"]),
             "mmap64k": (REPO, MMAP64K, []),
             "thp1m": (REPO, {"MALLOC_MMAP_THRESHOLD_": "1048576", "THP_MEM_ALLOC_ENABLE": "1"}, [])}
 GOAL_RATIO, GOAL_TIME = 1.25, 1.05

@@ -38,10 +38,11 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=_positive(float, "--timeout"), default=DEFAULT_TIMEOUT,
                    help="seconds a rank waits for a peer before failing")
     p.add_argument("--malloc", choices=list(MALLOC_MODES), default=d.malloc,
-                   help="the ranks' allocator. system: glibc and torch as they are; "
-                        "compact: resident memory follows live memory (chunks from "
-                        "256 KiB mapped alone, huge pages from 2 MiB), for page faults "
-                        "every step (docs/cli.md, Memory)")
+                   help="the ranks' allocator. reuse (default): glibc keeps what a step "
+                        "frees for the next (no page faults for it); system: glibc and "
+                        "torch as they are; compact: resident memory follows live memory "
+                        "(chunks from 256 KiB mapped alone, huge pages from 2 MiB), for "
+                        "page faults every step (docs/cli.md, Memory)")
     p.add_argument("--exchange-dtype", choices=list(CODECS), default=d.exchange_dtype,
                    help="how halo rows and gradients travel (int8: per-row scale)")
     p.add_argument("--exchange", choices=list(EXCHANGES), default=d.exchange,

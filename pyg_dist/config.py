@@ -114,10 +114,11 @@ class TrainConfig:
     resume: bool = False
     # Train into an out_dir that already holds a run, replacing it.
     overwrite: bool = False
-    # The ranks' allocator: "system" (glibc and torch as they are) or "compact"
-    # (pyg_dist.utils.allocator.follow_live_memory: resident memory follows
-    # live memory, for page faults every step).
-    malloc: str = "system"
+    # The ranks' allocator: "reuse" (pyg_dist.utils.allocator.reuse_freed_memory:
+    # what a step frees stays for the next), "system" (glibc and torch as they
+    # are) or "compact" (follow_live_memory: resident memory follows live
+    # memory, for page faults every step).
+    malloc: str = "reuse"
     @classmethod
     def from_dict(cls, values: Dict[str, Any]) -> "TrainConfig":
         r"""The config of :obj:`values` (e.g. ``summary.json``'s), also as

@@ -41,7 +41,8 @@ from pyg_dist.metrics import (MASKS, MetricsWriter, correct_counts, accuracies, 
                               reset_peak_memory, summarize)
 from pyg_dist.partition.book import read_meta
 from pyg_dist.reducer import GradientReducer, reduces
-from pyg_dist.utils.allocator import THP_ENV, follow_live_memory, release_free_memory
+from pyg_dist.utils.allocator import (THP_ENV, follow_live_memory, release_free_memory,
+                                      reuse_freed_memory)
 from pyg_dist.sampler import build_sampler
 from pyg_dist.utils.sparse import valid_sparse
 
@@ -61,6 +62,8 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     """
     config.validate()
     huge_pages = follow_live_memory() if config.malloc == "compact" else None
+    if config.malloc == "reuse":
+        reuse_freed_memory()
     init()
     if huge_pages is False and dist.get_rank() == 0:
         warnings.warn(f"--malloc compact: torch's buffers do not get huge pages (the "

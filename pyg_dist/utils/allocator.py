@@ -207,11 +207,15 @@ def code_resident_bytes() -> Optional[int]:
     return total * 1024
 
 
-#: The ranks' allocator settings (``TrainConfig.malloc``).
-MALLOC_MODES = ("system", "compact")
+#: The ranks' allocator settings (``TrainConfig.malloc``), the default first.
+MALLOC_MODES = ("reuse", "system", "compact")
 #: In ``compact`` mode glibc maps every chunk from this size on by itself.
 MMAP_THRESHOLD = 256 * 2**10
-_M_MMAP_THRESHOLD = -3
+#: In ``reuse`` mode every chunk under this size comes from the heap: the
+#: largest threshold glibc's own adjustment reaches on 64-bit systems.
+REUSE_MMAP_THRESHOLD = 32 * 2**20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_NEVER = 2**31 - 1  # mallopt's largest value: the heap's top is never trimmed on free
 THP_ENV = "THP_MEM_ALLOC_ENABLE"
 
 
@@ -230,6 +234,31 @@ def torch_huge_pages_for_new_processes() -> Iterator[None]:
         yield
     finally:
         os.environ.pop(THP_ENV, None)
+
+
+def reuse_freed_memory() -> Optional[bool]:
+    r"""``reuse`` mode (the default), for this process: glibc keeps what a
+    step frees for the next step. By default it returns the free top of its
+    heap to the system once that exceeds twice its (adjusting) mmap
+    threshold, and training steps free their large buffers at the heap's
+    top: the next step grows the heap again and faults every page in anew
+    (the kernel zeroes each). Here the top is trimmed only by
+    :func:`release_free_memory`, and every chunk under
+    :data:`REUSE_MMAP_THRESHOLD` comes from the heap from the start (as
+    glibc's own threshold ends up after the first large buffers are freed).
+    The resident set between steps stays at the peak it reached, which the
+    peak RSS counts anyway.
+
+    Measured: ``reddit_shaped``, 2 METIS parts, neighbour loader, a rank
+    faulted in about 35,000 pages a second with glibc's defaults (read from
+    ``/proc``); ``pyg-dist train``, 7 epochs, median of epochs 2-7,
+    alternated: 2.80 and 2.91 against 3.01 and 3.09 s/epoch, peak RSS above
+    baseline 283 and 294 against 307 and 299 MiB. Returns whether glibc
+    took both settings; ``None``, doing nothing, without glibc."""
+    if _LIBC is None:
+        return None
+    return bool(_LIBC.mallopt(_M_MMAP_THRESHOLD, REUSE_MMAP_THRESHOLD)
+                and _LIBC.mallopt(_M_TRIM_THRESHOLD, _NEVER))
 
 
 def follow_live_memory() -> Optional[bool]:

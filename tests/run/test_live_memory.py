@@ -93,9 +93,40 @@ def test_compact_malloc_keeps_resident_memory_near_live_memory(tmp_path, cli, mo
             assert resident <= 1.5 * live, (row["epoch"], rank, resident / MiB, live / MiB)
 
 
+_FREED_STAYS = """
+import sys, torch
+from pyg_dist.metrics import current_memory_bytes
+from pyg_dist.utils.allocator import reuse_freed_memory
+if sys.argv[1] == "reuse":
+    assert reuse_freed_memory() is True
+buffers = [torch.ones(5 * 2**20) for _ in range(3)]  # 3 x 20 MiB, touched
+before = current_memory_bytes()
+del buffers
+print((before - current_memory_bytes()) / 2**20)
+"""
+
+
+@glibc
+@pytest.mark.parametrize("mode", ["reuse", "system"])
+def test_reuse_mode_keeps_freed_buffers_for_the_next_step(mode):
+    import subprocess
+    import sys
+    returned = float(subprocess.run([sys.executable, "-c", _FREED_STAYS, mode], check=True,
+                                    capture_output=True, text=True).stdout)
+    if mode == "reuse":  # in the heap, whose top is not trimmed: nothing to fault in again
+        assert returned < 5, returned
+    else:  # glibc's defaults map them alone and unmap them
+        assert returned > 50, returned
+
+
+def test_training_reuses_freed_memory_by_default():
+    from pyg_dist.config import TrainConfig
+    assert TrainConfig().malloc == "reuse"
+
+
 def test_unknown_malloc_mode_is_refused():
     from pyg_dist.config import TrainConfig
-    with pytest.raises(ValueError, match="malloc must be one of system, compact"):
+    with pytest.raises(ValueError, match="malloc must be one of reuse, system, compact"):
         TrainConfig(malloc="jemalloc").validate()
 
 
