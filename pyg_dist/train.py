@@ -274,8 +274,9 @@ class _Run:
         while the steps left out of their peak at least as many of the pages
         the release at their epoch's start took out as they faulted back in.
         Faulted back, a page costs the fault and lowers no peak (measured:
-        2 parts of ``reddit_shaped``, neighbour loader, about 230 MB released
-        and faulted back in every epoch)."""
+        2 parts of ``reddit_shaped``, neighbour loader, the 126-161 MB a
+        rank's release took out at the second epoch's start were all faulted
+        back in)."""
         if released is None:
             return False
         before, after = released
