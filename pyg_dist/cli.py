@@ -381,8 +381,31 @@ def _positive(kind, name: str):
     return parse
 
 
+def _restart_with_rank_environment(args: argparse.Namespace) -> None:
+    r"""Where this process trains (under torchrun, or one rank), glibc must
+    read the allocator mode's environment at start-up
+    (:func:`~pyg_dist.utils.allocator.rank_environment`): the command runs
+    again with it, in this process (``execve``: the same pid, which
+    torchrun goes on watching). Only for the program itself (``main()``
+    reading ``sys.argv``), never for a caller's process."""
+    from pyg_dist.launch import runs_here
+    from pyg_dist.utils.allocator import rank_environment
+    needed = rank_environment(args.malloc)
+    if not needed or not args.own_process:
+        return
+    try:
+        here = runs_here(args.root, args.nproc)
+    except Exception:  # noqa: BLE001  an unreadable partition: preflight reports it
+        here = False
+    if here:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, sys.orig_argv, {**os.environ, **needed})
+
+
 def cmd_train(args: argparse.Namespace) -> None:
     from pyg_dist.launch import run_training
+    _restart_with_rank_environment(args)
     summary = run_training(args.root, _config(args, args.argv), args.out, args.nproc,
                            args.timeout)
     if int(os.environ.get("RANK", 0)) == 0:
@@ -541,9 +564,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--num-nodes", type=_positive(int, "--num-nodes"), default=None)
     p.set_defaults(fn=cmd_demo)
 
+    own_process = argv is None
     argv = _negative_values_attached(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
-    args.argv = argv
+    args.argv, args.own_process = argv, own_process
     try:
         args.fn(args)
     except KeyboardInterrupt as e:  # Ctrl-C before the ranks, or a second signal

@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from pyg_dist.utils.allocator import environment_for_ranks
+
 DEFAULT_TIMEOUT = 300.0  # seconds a collective may wait for a peer
 
 
@@ -643,7 +645,7 @@ def starting_ranks() -> Iterator[None]:
 
 def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
           timeout: float = DEFAULT_TIMEOUT, join_timeout: Optional[float] = None,
-          threads: Optional[int] = None) -> List[Any]:
+          threads: Optional[int] = None, malloc: str = "reuse") -> List[Any]:
     r"""Runs ``fn(*args)`` in :obj:`nprocs` fresh processes joined in a
     process group and returns their return values in rank order.
 
@@ -663,12 +665,16 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
     ends (SIGKILL included).
     :obj:`join_timeout` bounds the whole run.
     :obj:`threads` sets each rank's intra-op threads (default: :func:`rank_threads`).
+    The ranks start with the environment of allocator mode :obj:`malloc`
+    (:func:`~pyg_dist.utils.allocator.rank_environment`: by default glibc's
+    per-thread cache of small chunks off, which keeps the heap's free space
+    in one piece).
     """
     if isinstance(nprocs, bool) or not isinstance(nprocs, numbers.Integral) or nprocs < 1:
         raise ValueError(f"nprocs must be a whole number >= 1 (got {nprocs!r})")
     nprocs = int(nprocs)
     call = dumps(fn, f"'{getattr(fn, '__qualname__', fn)}'")
-    with _rank_context() as (ctx, parent):
+    with environment_for_ranks(malloc), _rank_context() as (ctx, parent):
         results = ctx.Queue()
         port = free_port()
         threads = threads or rank_threads(nprocs)

@@ -2,7 +2,6 @@ r"""Running a function on every rank: under ``torchrun`` in this process,
 else in spawned local ranks (one per partition by default)."""
 import functools
 import os
-from contextlib import nullcontext
 from typing import Any, Callable, Optional
 
 import torch
@@ -11,7 +10,6 @@ import torch.distributed as dist
 from pyg_dist.distributed import (DEFAULT_TIMEOUT, die_with_parent, init, name_lost_ranks,
                                   rank_threads, spawn, stop_heartbeat, stop_on_sigterm)
 from pyg_dist.partition.book import read_meta
-from pyg_dist.utils.allocator import torch_huge_pages_for_new_processes
 
 
 def run_training(root: str, config, out: Optional[str], nproc: Optional[int] = None,
@@ -26,9 +24,7 @@ def run_training(root: str, config, out: Optional[str], nproc: Optional[int] = N
     from pyg_dist.train import train
     config.validate()
     check_training(root, config, out, nproc)
-    with (torch_huge_pages_for_new_processes() if config.malloc == "compact"
-          else nullcontext()):
-        return run_ranks(train, (root, config, out), root, nproc, timeout)
+    return run_ranks(train, (root, config, out), root, nproc, timeout, config.malloc)
 
 
 def run_prediction(root: str, model_dir: str, out: str, overwrite: bool = False,
@@ -50,12 +46,20 @@ def run_prediction(root: str, model_dir: str, out: str, overwrite: bool = False,
               (model, root, out), root, None, timeout)
 
 
+def runs_here(root: str, nproc: Optional[int] = None) -> bool:
+    r"""Whether :func:`run_ranks` runs its function in this process: under
+    torchrun (its environment present), or for a single rank."""
+    return (("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+            or (nproc or read_meta(root)["num_parts"]) == 1)
+
+
 def run_ranks(fn: Callable, fn_args: tuple, root: str, nproc: Optional[int] = None,
-              timeout: float = DEFAULT_TIMEOUT) -> Any:
+              timeout: float = DEFAULT_TIMEOUT, malloc: str = "reuse") -> Any:
     r"""``fn(*fn_args)`` in every rank: in this process under torchrun
     (environment present) or for a single rank, else in :obj:`nproc` spawned
-    local ranks (default: one per partition of :obj:`root`). Returns this
-    rank's result (spawned: rank 0's)."""
+    local ranks (default: one per partition of :obj:`root`) started with
+    allocator mode :obj:`malloc`'s environment. Returns this rank's result
+    (spawned: rank 0's)."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
         die_with_parent(os.getppid())  # the agent: a killed torchrun leaves no rank
         torch.set_num_threads(rank_threads(int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
@@ -63,7 +67,7 @@ def run_ranks(fn: Callable, fn_args: tuple, root: str, nproc: Optional[int] = No
     nproc = nproc or read_meta(root)["num_parts"]
     if nproc == 1:
         return _in_group(fn, fn_args, timeout)
-    return spawn(fn, nproc, fn_args, timeout=timeout)[0]
+    return spawn(fn, nproc, fn_args, timeout=timeout, malloc=malloc)[0]
 
 
 def _in_group(fn: Callable, fn_args: tuple, timeout: float) -> Any:

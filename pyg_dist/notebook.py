@@ -51,6 +51,7 @@ import torch.distributed as dist
 from pyg_dist.distributed import (DEFAULT_TIMEOUT, STOPPED_GRACE, died_message,
                                   die_with_parent, dumps, free_port, init, rank_threads,
                                   silent_failure, starting_ranks)
+from pyg_dist.utils.allocator import environment_for_ranks
 
 #: This rank's variables, kept between calls (on the ranks; empty here).
 state = types.SimpleNamespace()
@@ -189,7 +190,8 @@ class Ranks:
         self._procs = [ctx.Process(target=_serve, daemon=True, args=(
             r, nprocs, port, backend, timeout, threads, self._inboxes[r], self._outbox,
             os.getpid())) for r in range(nprocs)]
-        with starting_ranks():  # inherited: an interrupt never reaches a rank
+        # inherited: an interrupt never reaches a rank; glibc's cache off
+        with environment_for_ranks("reuse"), starting_ranks():
             for p in self._procs:
                 p.start()
         _started.append(self)

@@ -9,6 +9,14 @@ last parameters first); a gradient hook launches a bucket's all-reduce as
 soon as all its gradients are accumulated, and :meth:`GradientReducer.wait`
 waits for the buckets still in flight once backward returns.
 
+Each parameter's gradient is a view of its bucket's buffer, allocated once
+(DDP's ``gradient_as_bucket_view``): backward adds into it in place when
+training zeroes the gradients in place, and the all-reduce sums the buffer
+itself. No step allocates gradients or copies them into and out of a flat
+buffer, and no gradient is placed among a step's freed buffers, where it
+would cut the heap's free space until the next step (issue 35). A gradient
+set to ``None`` meanwhile (``zero_grad()``'s default) is copied in.
+
 Buckets are launched in one fixed order on every rank (a bucket whose
 gradients are ready waits for the buckets before it), so the collectives
 match whatever the order the hooks fire in; a parameter that gets no
@@ -22,7 +30,6 @@ from typing import List, Optional, Tuple
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 #: The largest bucket: small enough that the first buckets leave while
 #: backward still computes the first layers (whose inputs are the widest).
@@ -47,26 +54,44 @@ class GradientReducer:
 
     def _bucket(self, order: List[int]) -> None:
         r"""Fills buckets of at most :attr:`bucket_bytes` with the
-        parameters in :obj:`order`."""
+        parameters in :obj:`order` (one dtype and device each), and gives
+        each bucket its buffer: the gradients of its parameters are views
+        of it (their values kept), bucket 0's last element is the loss."""
         self.buckets: List[List[int]] = []
-        size = self.bucket_bytes
+        size, kind = self.bucket_bytes, None
         for i in order:
-            nbytes = self.params[i].numel() * self.params[i].element_size()
-            if size + nbytes > self.bucket_bytes and size > 0:
+            param = self.params[i]
+            nbytes = param.numel() * param.element_size()
+            if (size + nbytes > self.bucket_bytes and size > 0) or \
+                    (param.dtype, param.device) != kind:
                 self.buckets.append([])
-                size = 0
+                size, kind = 0, (param.dtype, param.device)
             self.buckets[-1].append(i)
             size += nbytes
         # id(parameter) -> (its index, its bucket)
         self.bucket_of = {id(self.params[i]): (i, b) for b, bucket in enumerate(self.buckets)
                           for i in bucket}
+        self.flat: List[Tensor] = []
+        self.views: List[Optional[Tensor]] = [None] * len(self.params)
+        for b, bucket in enumerate(self.buckets):
+            first = self.params[bucket[0]]
+            flat = first.new_zeros(sum(self.params[i].numel() for i in bucket) + (b == 0))
+            offset = 0
+            with torch.no_grad():
+                for i in bucket:
+                    param = self.params[i]
+                    view = self.views[i] = flat[offset:offset + param.numel()].view_as(param)
+                    offset += param.numel()
+                    if param.grad is not None:
+                        view.copy_(param.grad)
+                    param.grad = view
+            self.flat.append(flat)
 
     def start(self, loss: Tensor) -> None:
         r"""Arms the hooks for this step's backward; :obj:`loss` (this
         rank's share) travels with the first bucket."""
-        self._loss = loss.detach().reshape(1)
+        self._loss = loss.detach()
         self._missing = [len(bucket) for bucket in self.buckets]
-        self._flat: List[Optional[Tensor]] = [None] * len(self.buckets)
         self._works: List = [None] * len(self.buckets)
         self._next = 0  # the next bucket to launch (they leave in order)
         self._active = True
@@ -85,11 +110,16 @@ class GradientReducer:
             self._next += 1
 
     def _launch(self, b: int) -> None:
-        grads = [self.params[i].grad if self.params[i].grad is not None
-                 else torch.zeros_like(self.params[i]) for i in self.buckets[b]]
-        extra = [self._loss.to(grads[0].dtype)] if b == 0 else []
-        flat = _flatten_dense_tensors(grads + extra)
-        self._flat[b] = flat
+        flat = self.flat[b]
+        with torch.no_grad():
+            for i in self.buckets[b]:
+                grad, view = self.params[i].grad, self.views[i]
+                if grad is None:  # no gradient this step, or set to None since
+                    view.zero_()
+                elif grad.data_ptr() != view.data_ptr():
+                    view.copy_(grad)
+            if b == 0:
+                flat[-1] = self._loss
         self._works[b] = dist.all_reduce(flat, group=self.group, async_op=True)
 
     def wait(self) -> Tuple[float, bool]:
@@ -103,16 +133,11 @@ class GradientReducer:
             self._launch_ready(everything=True)
             for work in self._works:
                 work.wait()
-        finite, total = True, 0.0
-        for b, (bucket, flat) in enumerate(zip(self.buckets, self._flat)):
-            params = [self.params[i] for i in bucket]
-            like = params + ([self._loss] if b == 0 else [])
-            for p, g in zip(params, _unflatten_dense_tensors(flat, like)):
-                p.grad = g
-            if b == 0:
-                total = float(flat[-1])
-            finite &= bool(torch.isfinite(flat).all())
-        self._flat, self._works = [], []
+        for param, view in zip(self.params, self.views):
+            param.grad = view
+        total = float(self.flat[0][-1])
+        finite = all(bool(torch.isfinite(flat).all()) for flat in self.flat)
+        self._works = []
         if self._fired is not None:
             self._rebuild()
         return total, finite

@@ -42,7 +42,7 @@ from pyg_dist.metrics import (MASKS, MetricsWriter, correct_counts, accuracies, 
 from pyg_dist.partition.book import read_meta
 from pyg_dist.reducer import GradientReducer, reduces
 from pyg_dist.utils.allocator import (THP_ENV, follow_live_memory, release_free_memory,
-                                      reuse_freed_memory)
+                                      reuse_freed_memory, thread_cache_on)
 from pyg_dist.sampler import build_sampler
 from pyg_dist.utils.sparse import valid_sparse
 
@@ -129,6 +129,7 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     for close in run.closers():
         close()
     summary = summarize(history, config.to_dict(), world, loader.summary_keys)
+    summary["malloc_thread_cache"] = thread_cache_on()  # this rank's (rank 0's in the file)
     if writer:
         writer.finish(summary, model, data.num_features, num_classes)
     return summary
@@ -288,7 +289,8 @@ class _Run:
         r"""One forward, backward (the gradients' all-reduce overlapping
         it, :mod:`pyg_dist.reducer`) and optimiser step on :obj:`batch`;
         returns its (detached) loss."""
-        self.optimizer.zero_grad(set_to_none=True)
+        # the reducer's gradients are views of its buffers, zeroed in place
+        self.optimizer.zero_grad(set_to_none=self.reducer is None)
         self.model.train()
         distributed = batch.plans is not None
         graph = batch.adj_t if distributed or self.takes_adj_t else batch.edge_index

@@ -178,7 +178,9 @@ def test_documented_exchange_is_one_file_and_one_registry_line(graph, tmp_path, 
     pyg_dist.partition_graph(graph, 2, root=root)
     halo = pyg_dist.spawn(train_with_doc_exchange, 2, (root, "halo"))
     a2a = pyg_dist.spawn(train_with_doc_exchange, 2, (root, "a2a"))
-    assert a2a[0][0] == halo[0][0]  # the same rows arrive: the same run, bit for bit
+    # the same rows arrive: the same run, up to the order autograd adds each
+    # row's gradients in (the halo exchange returns them added into one buffer)
+    assert a2a[0][0] == pytest.approx(halo[0][0], rel=1e-6)
     assert a2a[0][1] == halo[0][1] > 0  # and it counts the same bytes
     monkeypatch.setitem(EXCHANGES, "a2a", _doc_exchange())
     with pytest.raises(SystemExit):  # its flag value exists; the combination is refused

@@ -15,7 +15,8 @@ and builds :math:`\mathbf{A}^{\top}` anew in every backward (a sort of
 the edges, and edge-sized index buffers that fragment the heap: issue 35).
 A plan's adjacency is the same tensor in every layer (and, on the exact
 plan, in every step): marked by :func:`keep_transpose` where a plan serves
-it, it keeps its transpose (and row counts) for every backward. Any other
+it, it keeps its transpose for every backward (a mean's with each entry
+divided by its row's count: the backward is one sum). Any other
 graph (a trimmed batch's block, used once) takes torch's path. Which path
 a graph takes depends only on where it comes from, never on its history,
 so a resumed run computes bit for bit what the uninterrupted one did. The
@@ -26,28 +27,37 @@ import torch
 from torch import Tensor
 from torch_geometric.utils import spmm as pyg_spmm
 
-from pyg_dist.utils import csr
+from pyg_dist.utils import csr, csr_tensor
 
 
 def spmm(adj, x: Tensor, reduce: str = "sum") -> Tensor:
-    r"""PyG's :func:`~torch_geometric.utils.spmm`, with the backward of a
-    CPU CSR :obj:`adj` marked by :func:`keep_transpose` (values without
-    gradient, sum or mean) served by its kept transpose.
+    r"""PyG's :func:`~torch_geometric.utils.spmm`, where :obj:`adj` is a CPU
+    CSR matrix without gradient and the reduction a sum or mean, computed
+    by torch's reduction kernel (``torch.sparse.mm(adj, x, reduce)``); its
+    backward served by the kept transpose where :obj:`adj` is marked by
+    :func:`keep_transpose`.
 
-    Any other CPU CSR sum that needs a gradient (a sampled batch's block)
-    runs ``torch.sparse.mm(adj, x, "sum")``, torch's reduction kernel,
-    where PyG calls ``torch.sparse.mm(adj, x)`` (MKL's sparse product):
-    the same sums, forward and backward 2.1x as fast on a sampled block
-    (23,600 x 28,000, 5 entries a row, 128 wide: 15.3 against 32.1 ms) and
-    1.2x on 100 entries a row (measured, one thread)."""
+    PyG calls ``torch.sparse.mm(adj, x)`` for a sum (MKL's sparse product,
+    which allocates a zero matrix besides its result; ``torch.mm(out=)``
+    a temporary of the output's size and 32-bit copies of the indices in
+    every call). The reduction kernel writes its output only: the same
+    sums, forward and backward 2.1x as fast on a sampled block (23,600 x
+    28,000, 5 entries a row, 128 wide: 15.3 against 32.1 ms) and 1.2x on
+    100 entries a row; a plan's transposed product 3.1x (4,860 x 18,700
+    transposed, 245,000 entries, 64 wide: 2.4 against 7.5 ms), measured
+    on one thread. A mean that needs a gradient on an unmarked graph takes
+    PyG's path."""
     reduce = "sum" if reduce == "add" else reduce
     if not (isinstance(adj, Tensor) and adj.layout == torch.sparse_csr
             and adj.device.type == "cpu" and reduce in ("sum", "mean") and x.dim() == 2
-            and not adj.requires_grad and x.requires_grad and torch.is_grad_enabled()):
+            and not adj.requires_grad):
         return pyg_spmm(adj, x, reduce)
-    if getattr(adj, "_dist_keep_transpose", False):
+    grad = x.requires_grad and torch.is_grad_enabled()
+    if grad and getattr(adj, "_dist_keep_transpose", False):
         return _Aggregate.apply(x, adj, reduce)
-    return torch.sparse.mm(adj, x, "sum") if reduce == "sum" else pyg_spmm(adj, x, reduce)
+    if grad and reduce == "mean":
+        return pyg_spmm(adj, x, reduce)
+    return torch.sparse.mm(adj, x, reduce)
 
 
 def keep_transpose(adj):
@@ -62,27 +72,23 @@ class _Aggregate(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, adj: Tensor, reduce: str) -> Tensor:
         ctx.adj, ctx.reduce = adj, reduce
-        return _sum(adj, x) if reduce == "sum" else torch.sparse.mm(adj, x, "mean")
+        return torch.sparse.mm(adj, x, reduce)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        adj = ctx.adj
-        if ctx.reduce == "mean":
-            grad = grad / _row_counts(adj)
-        return _sum(transposed(adj), grad), None, None
+        return torch.sparse.mm(transposed(ctx.adj, ctx.reduce), grad, "sum"), None, None
 
 
-def _sum(adj: Tensor, x: Tensor) -> Tensor:
-    r""":math:`\mathbf{A}\mathbf{X}` into one new buffer: ``torch.sparse.mm``
-    allocates a zero matrix and then its result (two buffers of the output's
-    size per call); ``mm(out=)`` the same sums into one."""
-    return torch.mm(adj, x, out=x.new_empty((adj.size(0), x.size(1))))
-
-
-def transposed(adj: Tensor) -> Tensor:
-    r"""The CSR transpose of the CSR :obj:`adj`, kept on it."""
-    found = getattr(adj, "_dist_transposed", None)
-    if found is None:
+def transposed(adj: Tensor, reduce: str = "sum") -> Tensor:
+    r"""The CSR transpose of the CSR :obj:`adj`, kept on it; for
+    ``reduce="mean"`` with each entry :math:`a_{ij}` divided by its row's
+    count :math:`\max(c_i, 1)`, so that the mean's backward is one sum
+    (sharing the plain transpose's indices)."""
+    name = "_dist_transposed" if reduce == "sum" else "_dist_transposed_" + reduce
+    found = getattr(adj, name, None)
+    if found is not None:
+        return found
+    if reduce == "sum":
         crow, col = adj.crow_indices(), adj.col_indices()
         row = torch.repeat_interleave(torch.arange(adj.size(0), device=col.device),
                                       crow.diff(), output_size=col.numel())
@@ -90,13 +96,11 @@ def transposed(adj: Tensor) -> Tensor:
         # the edges (row -> col) sorted by their new row, col
         found = csr(torch.stack([row[order], col[order]]), adj.values()[order],
                     adj.size(1), adj.size(0))
-        adj._dist_transposed = found
-    return found
-
-
-def _row_counts(adj: Tensor) -> Tensor:
-    found = getattr(adj, "_dist_row_counts", None)
-    if found is None:
-        found = adj.crow_indices().diff().clamp(min=1).unsqueeze(1).to(adj.values().dtype)
-        adj._dist_row_counts = found
+    else:  # mean
+        plain = transposed(adj)
+        count = adj.crow_indices().diff().clamp(min=1).to(plain.values().dtype)
+        # entry (j, i) of the transpose is a_ij: divided by row i's count
+        found = csr_tensor(plain.crow_indices(), plain.col_indices(),
+                           plain.values() / count[plain.col_indices()], plain.shape)
+    setattr(adj, name, found)
     return found

@@ -1,58 +1,42 @@
 r"""glibc malloc's bytes in use (a rank's live memory on CPU, where torch
-keeps no allocator statistics), read cheaply, and their peak over a window.
+keeps no allocator statistics), read cheaply, and their peak over a window;
+the ranks' allocator settings (``TrainConfig.malloc``).
 
-What the resident set size (RSS) of a CPU rank holds beyond them, measured
-on ``pyg-dist train`` defaults, 4 METIS parts of ``reddit-shaped`` (20,000
-nodes) and R-MAT (scale 16), exact and BNS, 2 loaded cores (issue 35):
+What a CPU rank's resident set (RSS) holds beyond its live memory (issue 35):
 
-* **glibc's main heap** (``[heap]`` in ``/proc/self/smaps``; the per-thread
-  arenas do not grow, so ``M_ARENA_MAX`` changes nothing): a step allocates
-  about 180 MiB in chunks of 64 KiB to 8 MiB (halo rows, and edge-level
-  index tensors of the CSR aggregation's backward, which sorts the
-  adjacency's transpose anew in every step), 3.5 times its live peak. After
-  the first large chunk is freed, glibc's dynamic mmap threshold rises to
-  32 MiB and every later chunk comes from the heap, where the step's
-  allocation order leaves holes: the heap ends 25-40 MiB above the live
-  peak, and never shrinks (its top is pinned). ``malloc_trim(0)`` at epoch
-  ends does not lower the next epoch's peak (the step re-touches the holes).
-* **code pages** of libtorch (about 11 MiB per rank) first executed by the
-  first step, after the baseline.
-* **the partition's memory-mapped file** (its features, about 11 MiB per
-  rank on reddit-shaped) first read by the first step: training pre-reads it
-  before the baseline, which is documented to hold the partition.
+* **libtorch's machine code** first run after the baseline (about 11-13
+  MiB a rank, shared by the machine's processes, independent of the graph):
+  reported as ``code_mem_*`` (:func:`code_resident_bytes`).
+* **free memory in glibc's heap.** A step allocates several times its live
+  peak in buffers of 64 KiB to tens of MiB and frees them; glibc places
+  each in a free piece of the heap that fits. Three things keep that free
+  space from following live memory:
 
-A fixed mmap threshold (``mallopt(M_MMAP_THRESHOLD, 64 KiB)``, as
-``MALLOC_MMAP_THRESHOLD_=65536``) gives every such chunk its own mapping,
-returned on free: RSS above baseline falls to 1.1-1.3 times the live peak,
-but every step page-faults its 180 MiB anew (55,000-88,000 minor faults per
-epoch and rank against about 50, +0.1-0.2 s of system time per epoch and
-rank on 0.3 s of user time). Thresholds of 1 or 4 MiB fault nearly as much
-and keep most of the holes. No malloc setting gives both, so none is applied.
-What is applied instead: the aggregation keeps a reused adjacency's
-transpose (:mod:`pyg_dist.utils.aggregate`: the edge-sized buffers are no
-longer allocated per step; exact training's live peak above baseline fell
-from 50 to 25 MiB on reddit-shaped, 96 to 60 on R-MAT), and training calls
-:func:`release_free_memory` at an epoch's start, so the holes of the
-first steps and of evaluation leave the resident set. RSS above baseline
-then fell from 100 to 65 MiB (reddit-shaped) and 162 to 127 MiB (R-MAT),
-still 2.1-2.6 times the live peak: libtorch's code pages and the heap's
-holes within one step (``benchmarks/memory.py``,
-``benchmarks/results/memory.json``).
+  - glibc returns the heap's free top to the system once it exceeds its
+    trim threshold, and the next step faults it in again (the kernel
+    zeroes every page): ``reuse`` mode keeps it (:func:`reuse_freed_memory`);
+  - glibc's per-thread cache holds up to 7 freed chunks of each size under
+    1 KiB, counted as in use: a few hundred of them (tensor headers,
+    autograd nodes) lie between the step's freed buffers, which then do
+    not merge, so the next step's buffers do not fit and the heap grows
+    (measured on 2 random parts of R-MAT, scale 15, hidden 256: 384 to 574
+    MiB over 5 epochs with 144 MiB in use). The ranks of ``reuse`` and
+    ``compact`` start with it off (:func:`rank_environment`): the heap
+    stopped growing after the second epoch there, peak RSS above baseline
+    222-251 MiB against 431-505, epochs as long;
+  - allocations that outlive a step (a plan's transposes and adjacency, the
+    next sampled plan, the optimiser's state) are placed among the step's
+    buffers and cut its free space: the heap keeps some free pieces the
+    next step's buffers do not fit. Training allocates the gradients'
+    buffers before the first step (:class:`~pyg_dist.reducer.GradientReducer`)
+    and releases free pages at the first epochs' starts
+    (:func:`release_free_memory`).
 
-No malloc setting alone reaches 1.25 times the live peak: with every chunk
-above 64 KiB mapped on its own, RSS above baseline was still 1.44 times it
-(41.8 against 29.0 MiB, reddit-shaped, exact, 4 parts; 2026-11-27, by
-hand, two alternated rounds), the code pages the first step runs being
-most of the difference. ``THP_MEM_ALLOC_ENABLE=1`` (torch maps its buffers
-of 2 MiB and more on huge pages) with a 256 KiB threshold gave the same
-1.44, and with a 2 MiB threshold 2.0; their epoch times were within that
-day's noise of the default's. Alternated over three rounds later that day
-(``--malloc compact``, :func:`follow_live_memory`: a 256 KiB threshold with
-huge pages), the time cost was clear: 1.16-1.29 times the default's epoch;
-after a step's allocations were cut by a quarter, 1.03-1.30 times the
-default's epoch over three more runs (``benchmarks/results/memory_compact*.json``).
-Of the 42 MiB, 13 MiB are machine code (:func:`code_resident_bytes`,
-``code_mem_*``): less that code, RSS above baseline is the live peak.
+* ``compact`` mode maps every chunk of 256 KiB or more on its own and
+  returns it when freed: RSS above baseline less code is then the live peak,
+  but every step faults its buffers in anew: a 16 MiB buffer allocated and
+  filled took 1.6 ms mapped on huge pages and 7.3 ms on 4 KiB pages,
+  against 0.42 ms reused from the heap (one thread; measured by hand).
 """
 import ctypes
 import ctypes.util
@@ -61,7 +45,7 @@ import re
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Iterator, List, Optional
+from typing import Dict, Iterator, List, Mapping, Optional
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -219,21 +203,69 @@ _NEVER = 2**31 - 1  # mallopt's largest value: the heap's top is never trimmed o
 THP_ENV = "THP_MEM_ALLOC_ENABLE"
 
 
+TUNABLES_ENV = "GLIBC_TUNABLES"
+#: glibc's per-thread cache of small free chunks, off (see :func:`rank_environment`).
+NO_THREAD_CACHE = "glibc.malloc.tcache_count=0"
+
+
+def rank_environment(malloc: str,
+                     environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    r"""The environment variables a rank of allocator mode :obj:`malloc`
+    (``TrainConfig.malloc``) needs from the start of its process, with the
+    values :obj:`environ` (default: this process') already holds: glibc and
+    torch read them once, at start-up or at the first large buffer.
+
+    * ``reuse`` and ``compact``: :data:`NO_THREAD_CACHE` added to
+      ``GLIBC_TUNABLES``, unless it sets ``tcache_count`` already: freed
+      neighbours then merge (see the module);
+    * ``compact``: also ``THP_MEM_ALLOC_ENABLE=1`` (torch's buffers of 2 MiB
+      and more on huge pages), unless set.
+    * ``system``: nothing."""
+    environ = os.environ if environ is None else environ
+    needed: Dict[str, str] = {}
+    if malloc == "system":
+        return needed
+    tunables = environ.get(TUNABLES_ENV, "")
+    if "glibc.malloc.tcache_count=" not in tunables:
+        needed[TUNABLES_ENV] = ":".join(filter(None, (tunables, NO_THREAD_CACHE)))
+    if malloc == "compact" and THP_ENV not in environ:
+        needed[THP_ENV] = "1"
+    return needed
+
+
+def thread_cache_on() -> Optional[bool]:
+    r"""Whether glibc's per-thread cache of small chunks is on in this
+    process: off where ``GLIBC_TUNABLES`` held :data:`NO_THREAD_CACHE` when
+    the process started (``/proc/self/environ``: what glibc read; a later
+    change of ``os.environ`` changes nothing). ``None`` without glibc."""
+    if _LIBC is None:
+        return None
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            start = f.read().split(b"\0")
+    except OSError:
+        return None
+    tunables = next((e[len(TUNABLES_ENV) + 1:] for e in start
+                     if e.startswith(TUNABLES_ENV.encode() + b"=")), b"")
+    return NO_THREAD_CACHE.encode() not in tunables.split(b":")
+
+
 @contextmanager
-def torch_huge_pages_for_new_processes() -> Iterator[None]:
+def environment_for_ranks(malloc: str) -> Iterator[None]:
     r"""Inside, processes this one starts (ranks, and the forkserver they
-    fork from) have torch advise transparent huge pages for its CPU buffers
-    of 2 MiB and more: torch reads ``THP_MEM_ALLOC_ENABLE`` once, at its
-    first such buffer, so a launcher sets it before the ranks start. A value
-    the user set is kept; the environment is restored after."""
-    if THP_ENV in os.environ:
-        yield
-        return
-    os.environ[THP_ENV] = "1"
+    fork from) get :func:`rank_environment` of :obj:`malloc`; this
+    process' environment is restored after."""
+    needed = rank_environment(malloc)
+    previous = {name: os.environ.get(name) for name in needed}
+    os.environ.update(needed)
     try:
         yield
     finally:
-        os.environ.pop(THP_ENV, None)
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def reuse_freed_memory() -> Optional[bool]:

@@ -33,6 +33,7 @@ def reduced_steps(bucket_bytes: int, steps: int = 3):
     reducer = GradientReducer(params, bucket_bytes=bucket_bytes)
     out = []
     for step in range(steps):
+        views = [p.grad for p in params]  # the reducer's buffers, from its start
         for p in params:
             p.grad = None
         loss = _loss(model, rank, step)
@@ -43,15 +44,24 @@ def reduced_steps(bucket_bytes: int, steps: int = 3):
             dist.all_reduce(g)
         total = loss.detach().clone()
         dist.all_reduce(total)
-        for p in params:
-            p.grad = None
+        for p, view in zip(params, views):
+            if step % 2:  # set to None, as zero_grad() does by default
+                p.grad = None
+            else:  # zeroed in place (training's zero_grad): backward adds into the views
+                view.zero_()
+                p.grad = view
         loss = _loss(model, rank, step)
         reducer.start(loss)
         loss.backward()
         early = reducer._next  # buckets launched by the hooks during backward
         got, finite = reducer.wait()
+        # either way the sums are in the reducer's buffers, no new ones
+        in_buffers = all(p.grad.untyped_storage().data_ptr()
+                         == reducer.flat[reducer.bucket_of[id(p)][1]].untyped_storage().data_ptr()
+                         for p in params)
+        kept = step == 0 or all(p.grad is v for p, v in zip(params, views))
         out.append((reference, [p.grad.clone() for p in params], early,
-                    len(reducer.buckets), got, float(total), finite))
+                    len(reducer.buckets), got, float(total), finite and in_buffers and kept))
         with torch.no_grad():
             for p in params:
                 p -= 0.1 * p.grad  # the weights change between steps

@@ -32,15 +32,39 @@ def test_equals_pyg_at_every_use(reduce):
     grad = torch.randn(60, 7)
     expected = pyg_spmm(adj, x, reduce)
     expected_grad, = torch.autograd.grad(expected, x, grad)
+    name = "_dist_transposed_mean" if reduce == "mean" else "_dist_transposed"
     first = None
     for use in range(3):  # the transpose is built once, then served
         out = spmm(adj, x, reduce)
         got, = torch.autograd.grad(out, x, grad)
         assert_fp32_close(out, expected)
         assert_fp32_close(got, expected_grad)
-        first = adj._dist_transposed if first is None else first
-        assert adj._dist_transposed is first
+        first = getattr(adj, name) if first is None else first
+        assert getattr(adj, name) is first
         assert torch.equal(got, torch.autograd.grad(spmm(adj, x, reduce), x, grad)[0])
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_a_kept_transpose_runs_only_the_reduction_kernel(reduce):
+    # each direction one kernel that writes only its output: no product of
+    # MKL (a temporary and index copies every call), no division of the
+    # mean's gradient
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    adj = keep_transpose(_adjacency(60, 80, 400, seed=2))
+    x, grad = torch.randn(80, 7, requires_grad=True), torch.randn(60, 7)
+    out = spmm(adj, x, reduce)
+    torch.autograd.grad(out, x, grad)  # builds the transpose
+    ops = []
+    with Ops():
+        torch.autograd.grad(spmm(adj, x, reduce), x, grad)
+    assert [op for op in ops if "mm" in op or "div" in op] == \
+        ["_sparse_mm_reduce_impl.default"] * 2
 
 
 @pytest.mark.parametrize("reduce", ["sum", "mean"])

@@ -114,9 +114,13 @@ def test_torchrun(tmp_path):
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert len(rows) == 2 and rows[-1]["world_size"] == 2
     assert all(r["halo_rows"] < 0.8 * r["halo_rows_total"] for r in rows)
-    config = json.load(open(os.path.join(out, "summary.json")))["config"]
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    config = summary["config"]
     assert config["sampler_args"] == {"p": 0.5} and config["exchange_dtype"] == "bf16"
     assert config["precompute_layer0"]
+    # each rank ran the command again with glibc's per-thread cache off
+    from pyg_dist.utils.allocator import malloc_in_use
+    assert summary["malloc_thread_cache"] is (False if malloc_in_use() is not None else None)
 
 
 def test_cohesive_batches_end_to_end(tmp_path, cli):

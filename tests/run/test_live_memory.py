@@ -53,6 +53,7 @@ def test_training_reports_live_memory_and_machine_code(tmp_path, cli):
         assert all(p <= r for p, r in zip(live, row["peak_mem_per_rank"]))
     assert summary["live_mem_bytes"] == max(r["live_mem_bytes"] for r in rows)
     assert summary["baseline_live_mem_bytes"] == rows[-1]["baseline_live_mem_bytes"]
+    assert summary["malloc_thread_cache"] is False  # the default's ranks start without it
     # read at an epoch's start: the first steps ran kernels the baseline had not
     assert all(now > first for now, first in zip(rows[1]["code_mem_per_rank"],
                                                  rows[0]["code_mem_per_rank"]))
@@ -147,3 +148,73 @@ def test_free_pages_released_while_the_steps_leave_them_out(device, released, pe
     # after the first epoch's release, always once more (its one-off buffers)
     run.epochs_released = 1
     assert _Run._releases_next(run, released, peak) is (released is not None)
+
+
+_ISLAND = """
+import ctypes
+from pyg_dist.utils.allocator import _LIBC as libc, reuse_freed_memory
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t, )
+libc.free.argtypes = (ctypes.c_void_p, )
+libc.malloc_usable_size.restype = ctypes.c_size_t
+libc.malloc_usable_size.argtypes = (ctypes.c_void_p, )
+assert reuse_freed_memory()  # chunks from the heap, its top kept
+big = 8 * 2**20
+a = libc.malloc(big)
+after = lambda p: p + libc.malloc_usable_size(p) + 8  # the next chunk's user pointer
+small = libc.malloc(1000)
+while small != after(a):  # until one comes from the top, right after a
+    small = libc.malloc(1000)  # (the others stay allocated)
+b = libc.malloc(big)
+fence = libc.malloc(1000)  # keeps b off the heap's top
+assert b == after(small) and fence == after(b)
+for chunk in (a, small, b):
+    libc.free(chunk)
+before = libc.mallinfo2().arena
+both = libc.malloc(2 * big)  # fits where a, small and b were, if they merged
+print((libc.mallinfo2().arena - before) / 2**20)
+"""
+
+
+@glibc
+@pytest.mark.parametrize("cache", [True, False])
+def test_without_the_thread_cache_freed_neighbours_merge(cache):
+    # A small chunk freed between two freed buffers stays in glibc's
+    # per-thread cache, counted in use: the buffers do not merge and a
+    # request for both grows the heap. With the cache off it merges.
+    import subprocess
+    import sys
+    from pyg_dist.utils.allocator import rank_environment
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    if not cache:
+        env.update(rank_environment("reuse", env))
+    grown = float(subprocess.run([sys.executable, "-c", _ISLAND], env=env, check=True,
+                                 capture_output=True, text=True).stdout)
+    if cache:
+        assert grown >= 16, grown
+    else:
+        assert grown == 0, grown
+
+
+def test_rank_environment_adds_to_what_the_user_set():
+    from pyg_dist.utils.allocator import NO_THREAD_CACHE, THP_ENV, rank_environment
+    assert rank_environment("reuse", {}) == {"GLIBC_TUNABLES": NO_THREAD_CACHE}
+    assert rank_environment("system", {}) == {}
+    assert rank_environment("compact", {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == {
+        "GLIBC_TUNABLES": "glibc.malloc.arena_max=2:" + NO_THREAD_CACHE, THP_ENV: "1"}
+    mine = {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=3", THP_ENV: "0"}
+    assert rank_environment("compact", mine) == {}  # the user's values are kept
+
+
+def _rank_thread_cache():
+    from pyg_dist.utils.allocator import thread_cache_on
+    return thread_cache_on()
+
+
+@glibc
+@pytest.mark.parametrize("malloc", ["reuse", "system"])
+def test_spawned_ranks_start_with_their_mode_s_environment(monkeypatch, malloc):
+    import pyg_dist
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    on = pyg_dist.spawn(_rank_thread_cache, 2, timeout=60, malloc=malloc)
+    assert on == [malloc == "system"] * 2
+    assert "GLIBC_TUNABLES" not in os.environ  # set for the ranks only
