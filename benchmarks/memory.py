@@ -6,9 +6,10 @@ R-MAT, for
   before live memory was measured: ``git archive <commit> | tar -x -C DIR``),
   run as is: its baseline does not hold the partition's mapped features;
 * ``default``: this tree with its defaults (``--malloc reuse`` since
-  2026-11-27's seventh stop: glibc keeps freed memory for the next step);
+  2026-11-27's seventh stop: glibc keeps freed memory for the next step;
+  since the eighth, its ranks start with glibc's per-thread cache off);
 * ``system`` (``--variants``): this tree, ``--malloc system`` (glibc and
-  torch as they are; the default before);
+  torch as they are: the per-thread cache on, the heap's top trimmed);
 * ``compact``: this tree, ``--malloc compact`` (chunks from 256 KiB mapped
   on their own, torch's buffers from 2 MiB on huge pages);
 * ``mmap64k`` (``--variants``): this tree with ``MALLOC_MMAP_THRESHOLD_=65536

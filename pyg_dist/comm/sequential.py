@@ -35,7 +35,13 @@ and sends the rows' gradients back to their owner. So a layer keeps, for
 the backward, its inner input and its output: memory per rank is that of
 the rank's own nodes, whatever its halo. The price is a second transfer of
 the halo rows and a second computation of the messages per layer and
-iteration.
+iteration, except for a layer that aggregates its source rows as they are
+(a sum or mean weighted by the plan's CSR graph: GCN, SAGE, GIN,
+GraphConv): its gradient for round :math:`k`'s rows is
+:math:`\mathbf{A}_k^{\top}\nabla\mathbf{a}` (a mean's scaled by
+:math:`1/|\mathcal N|`), rows of the graph's kept transpose, which needs
+no row: nothing is recomputed or fetched again, and the backward holds one
+round's row gradients.
 
 Exact: the result equals the materialising exchange (and single-process
 PyG) up to floating-point rounding. Applies on the full-graph plans of the
@@ -317,6 +323,9 @@ class _Spec(NamedTuple):
     params: List[Tensor]
     module: torch.nn.Module
     prefetch: bool  # the next round's rows travel while this one computes
+    #: The aggregation is a sum or mean of the one source's rows weighted by
+    #: the CSR graph's values: its backward needs no row (see _linear_backward).
+    linear: bool
 
 
 def _pack(tensors: Sequence[Tensor], index: Tensor) -> Tensor:
@@ -384,12 +393,16 @@ class _SequentialAggregation(torch.autograd.Function):
         fctx.autocast = _autocast_state(like)
         # only attention's backward reads the output (its normaliser's gradient); the others
         # would hold an n x channels tensor per layer that nothing else may keep
-        fctx.save_for_backward(*sources, *others, out if fold.attention else None)
+        if not spec.linear:  # which keeps nothing
+            fctx.save_for_backward(*sources, *others, out if fold.attention else None)
         return out
 
     @staticmethod
     def backward(fctx, grad: Tensor):
         spec, fold = fctx.spec, fctx.fold
+        if spec.linear:  # nothing for the others, which its aggregation does not read
+            return (None, _linear_backward(spec, grad) if fctx.needs_input_grad[1] else None,
+                    *[None] * spec.num_others)
         *saved, out = fctx.saved_tensors
         sources, others = list(saved[:spec.num_sources]), list(saved[spec.num_sources:])
         other_leaves = [o.detach().requires_grad_(o.requires_grad) for o in others]
@@ -448,6 +461,51 @@ class _SequentialAggregation(torch.autograd.Function):
         source_grads = [g if g is not None or not s.requires_grad else torch.zeros_like(s)
                         for g, s in zip(source_grads, sources)]
         return (None, *source_grads, *other_grads, *param_grads)
+
+
+def _linear_backward(spec: _Spec, grad: Tensor) -> Tensor:
+    r"""The gradient of the one source of a linear aggregation
+    (:attr:`_Spec.linear`): :math:`\mathbf{A}^{\top}\nabla\mathbf{a}` for
+    a sum, :math:`\mathbf{A}^{\top}\mathrm{diag}(1/|\mathcal N|)\nabla
+    \mathbf{a}` for a mean (whose pieces' weights
+    :math:`|\mathcal N_k|/|\mathcal N|` times their own means add up to it).
+    Round :math:`k`'s rows of it are rows ``sources(k)`` of the graph's
+    kept transpose (a mean's with its entries divided by their targets'
+    in-degree) times the output gradient: no piece is recomputed and no
+    row fetched again, and the rounds' gradients go back to their owners as
+    in the general backward."""
+    schedule = spec.schedule
+    whole = transposed(spec.graph, "mean" if spec.aggr == "mean" else "sum")
+    crow, grad = whole.crow_indices(), grad.contiguous()
+    source_grad, returning = None, None
+    for k in range(schedule.world):
+        rows = schedule.sources(k)
+        first, last = int(crow[rows.start]), int(crow[rows.stop])
+        piece = csr_tensor(crow[rows.start:rows.stop + 1] - first,
+                           whole.col_indices()[first:last], whole.values()[first:last],
+                           (rows.stop - rows.start, grad.size(0)))
+        row_grad = torch.sparse.mm(piece, grad, "sum")
+        if k == 0:  # this rank's own rows: the gradient the others' are added into
+            source_grad = row_grad
+            continue
+        if returning is not None:
+            _add_returned(returning, source_grad)
+        returning = (_return_grads(spec, k, [row_grad], [row_grad]), schedule.send_index(k))
+        del row_grad  # held by the transfer only, until it left
+        if not spec.prefetch:
+            _add_returned(returning, source_grad)
+            returning = None
+    if returning is not None:
+        _add_returned(returning, source_grad)
+    return source_grad
+
+
+def _add_returned(returning, grad: Tensor) -> None:
+    r"""Adds the gradients of this rank's rows a peer returned into :obj:`grad`."""
+    transfer, index = returning
+    block = transfer.wait()
+    if block is not None:
+        grad.index_add_(0, index, block.to(grad.dtype))
 
 
 def _shares(a: Tensor, b: Tensor) -> bool:
@@ -542,17 +600,22 @@ class Sequential(PointToPoint):
         return self.aggregate_pieces(
             ctx, key, adj, [x], [],
             lambda piece, rows, _: run(piece.graph, rows[0], (piece.num_rows, num_inner)),
-            "sum", ctx.layers[key], ())
+            "sum", ctx.layers[key], (), linear=True)
 
     def aggregate_pieces(self, ctx, key: str, graph, sources: List[Tensor],
                          others: List[Tensor], run: PieceRun, aggr: str,
-                         module: torch.nn.Module, params: Sequence[Tensor]) -> Tensor:
+                         module: torch.nn.Module, params: Sequence[Tensor],
+                         linear: bool = False) -> Tensor:
         r"""The layer's aggregation over :obj:`graph` (the current plan's, in
         its source ids) computed piece by piece: :obj:`run` ``(piece, rows,
         others)`` aggregates one piece given its rows of each of
         :obj:`sources` (inner rows) and the :obj:`others` tensors it reads
         (target rows, per-edge tensors); gradients flow to them and to
-        :obj:`params`, the parameters of :obj:`module` its messages read."""
+        :obj:`params`, the parameters of :obj:`module` its messages read.
+        :obj:`linear`: :obj:`run` is a sum or mean of the rows of the one
+        source weighted by :obj:`graph`'s values (a CSR graph a plan keeps
+        the transpose of) and reads none of the :obj:`others`: its backward
+        then recomputes nothing."""
         plan = ctx.plan
         if plan.data is not ctx.data or plan.trim_input:
             raise NotImplementedError("exchange='sequential' runs on full-graph plans (the "
@@ -574,6 +637,11 @@ class Sequential(PointToPoint):
                                       "at once: a sampler that learns from them (PSC-GCN's) "
                                       "needs exchange='halo'")
         params = list(params) if torch.is_grad_enabled() else []
+        linear = (linear and len(sources) == 1 and not params
+                  and aggr in ("add", "sum", "mean") and isinstance(graph, Tensor)
+                  and graph.layout == torch.sparse_csr
+                  and getattr(graph, "_dist_keep_transpose", False)
+                  and not torch.is_autocast_enabled(sources[0].device.type))
         spec = _Spec(ctx, key, schedule, graph, pieces, run, aggr, len(sources), len(others), params,
-                     module, bool(ctx.overlap))
+                     module, bool(ctx.overlap), linear)
         return _SequentialAggregation.apply(spec, *sources, *others, *params)

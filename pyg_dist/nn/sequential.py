@@ -168,8 +168,15 @@ def sequential_propagate(module: MessagePassing, edge_index, size=None, **kwargs
             if hasattr(module, "_alpha"):  # TransformerConv keeps a piece's scores
                 module._alpha = None
 
+    # a PyG layer whose propagate aggregates its input's source rows as they are
+    # (GCN, SAGE, GIN, GraphConv: the first layer's aggregation precomputes), given
+    # nothing but them (a pair's target rows are not read)
+    spec = spec_of(module)
+    linear = (spec is not None and spec.precomputable and weight is None
+              and all(kind in ("source", "const") for _, kind, _ in slots.items))
     return ctx.exchange.aggregate_pieces(ctx, key, graph, slots.sources, slots.others, run,
-                                         module.aggr, module, message_params(module))
+                                         module.aggr, module, message_params(module),
+                                         linear=linear)
 
 
 def refuse_attention_weights(module: MessagePassing, args, kwargs) -> None:

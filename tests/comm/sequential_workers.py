@@ -128,6 +128,7 @@ def bytes_and_composition(root: str):
                                            exchange=exchange, overlap=True)
             out[exchange, "overlap", name] = train_steps(model, name, part.x, part.edge_index,
                                                          None, n_id, dist.all_reduce)
+            out[exchange, "sent", name] = dict(model.comm_stats.bytes_sent)
         for aggr, keep in (("mean", 0.5), ("max", 0.5), ("mean", 0.0)):  # 0: nothing travels
             model = pyg_dist.nn.distribute(build(f"SAGEConv({aggr})", part.num_features),
                                            part, exchange=exchange)
