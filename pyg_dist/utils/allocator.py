@@ -16,14 +16,14 @@ What a CPU rank's resident set (RSS) holds beyond its live memory (issue 35):
     trim threshold, and the next step faults it in again (the kernel
     zeroes every page): ``reuse`` mode keeps it (:func:`reuse_freed_memory`);
   - glibc's per-thread cache holds up to 7 freed chunks of each size under
-    1 KiB, counted as in use: a few hundred of them (tensor headers,
-    autograd nodes) lie between the step's freed buffers, which then do
-    not merge, so the next step's buffers do not fit and the heap grows
-    (measured on 2 random parts of R-MAT, scale 15, hidden 256: 384 to 574
-    MiB over 5 epochs with 144 MiB in use). The ranks of ``reuse`` and
-    ``compact`` start with it off (:func:`rank_environment`): the heap
-    stopped growing after the second epoch there, peak RSS above baseline
-    222-251 MiB against 431-505, epochs as long;
+    1 KiB, counted as in use: small chunks a step frees stay cached between
+    its freed buffers, which then do not merge, so the next step's buffers
+    do not fit and the heap grows (measured on 2 random parts of R-MAT,
+    scale 15, hidden 256: 384 to 574 MiB over 5 epochs with 144 MiB in
+    use). The ranks of ``reuse`` and ``compact`` start with it off
+    (:func:`rank_environment`): there the heap stopped growing at the third
+    epoch (344-360 MiB), peak RSS above baseline 222-251 MiB against 435-458
+    with the cache, epochs as long;
   - allocations that outlive a step (a plan's transposes and adjacency, the
     next sampled plan, the optimiser's state) are placed among the step's
     buffers and cut its free space: the heap keeps some free pieces the
