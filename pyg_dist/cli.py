@@ -391,7 +391,8 @@ def _restart_with_rank_environment(args: argparse.Namespace) -> None:
     from pyg_dist.launch import runs_here
     from pyg_dist.utils.allocator import rank_environment
     needed = rank_environment(args.malloc)
-    if not needed or not args.own_process:
+    argv = getattr(sys, "orig_argv", None)  # Python 3.10+: the interpreter's own
+    if not needed or not args.own_process or not argv:
         return
     try:
         here = runs_here(args.root, args.nproc)
@@ -400,7 +401,7 @@ def _restart_with_rank_environment(args: argparse.Namespace) -> None:
     if here:
         sys.stdout.flush()
         sys.stderr.flush()
-        os.execve(sys.executable, sys.orig_argv, {**os.environ, **needed})
+        os.execve(sys.executable, argv, {**os.environ, **needed})
 
 
 def cmd_train(args: argparse.Namespace) -> None:

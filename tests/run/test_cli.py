@@ -97,6 +97,23 @@ def test_missing_partition_dir(tmp_path):
     assert p.returncode == 1 and "meta.json" in p.stderr
 
 
+@pytest.mark.parametrize("malloc", ["reuse", "system"])
+def test_one_rank_runs_itself_again_with_its_allocator_setting(tmp_path, malloc):
+    r"""One rank trains in the command's own process: under ``reuse`` the
+    command runs itself again with glibc's per-thread cache off (its output
+    printed once), under ``system`` as it started."""
+    from pyg_dist.utils.allocator import malloc_in_use
+    root, out = str(tmp_path / "parts"), str(tmp_path / "run")
+    run("partition", "--num-nodes", "1000", "--num-parts", "1", "--root", root,
+        "--data-dir", str(tmp_path / "data"))
+    p = run("train", "--root", root, "--out", out, "--epochs", "1", "--hidden", "8",
+            "--no-progress", "--no-plots", "--malloc", malloc)
+    assert p.stdout.count('"world_size": 1') == 1
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    assert summary["malloc_thread_cache"] is (
+        None if malloc_in_use() is None else malloc == "system")
+
+
 def test_torchrun(tmp_path):
     r"""Real torchrun: two ranks join through its environment."""
     root, out = str(tmp_path / "parts"), str(tmp_path / "run")
