@@ -25,6 +25,12 @@ from pyg_dist.utils.allocator import environment_for_ranks
 DEFAULT_TIMEOUT = 300.0  # seconds a collective may wait for a peer
 
 
+def under_torchrun() -> bool:
+    r"""Whether this process is a rank torchrun (or a launcher like it)
+    started: its ``RANK`` and ``WORLD_SIZE`` are in the environment."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
 def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 

@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 
 from pyg_dist.distributed import (DEFAULT_TIMEOUT, die_with_parent, init, name_lost_ranks,
-                                  rank_threads, spawn, stop_heartbeat, stop_on_sigterm)
+                                  rank_threads, spawn, stop_heartbeat, stop_on_sigterm,
+                                  under_torchrun)
 from pyg_dist.partition.book import read_meta
 
 
@@ -49,8 +50,7 @@ def run_prediction(root: str, model_dir: str, out: str, overwrite: bool = False,
 def runs_here(root: str, nproc: Optional[int] = None) -> bool:
     r"""Whether :func:`run_ranks` runs its function in this process: under
     torchrun (its environment present), or for a single rank."""
-    return (("RANK" in os.environ and "WORLD_SIZE" in os.environ)
-            or (nproc or read_meta(root)["num_parts"]) == 1)
+    return under_torchrun() or (nproc or read_meta(root)["num_parts"]) == 1
 
 
 def run_ranks(fn: Callable, fn_args: tuple, root: str, nproc: Optional[int] = None,
@@ -60,7 +60,7 @@ def run_ranks(fn: Callable, fn_args: tuple, root: str, nproc: Optional[int] = No
     local ranks (default: one per partition of :obj:`root`) started with
     allocator mode :obj:`malloc`'s environment. Returns this rank's result
     (spawned: rank 0's)."""
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
+    if under_torchrun():
         die_with_parent(os.getppid())  # the agent: a killed torchrun leaves no rank
         torch.set_num_threads(rank_threads(int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
         return _in_group(fn, fn_args, timeout)

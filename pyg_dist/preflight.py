@@ -22,6 +22,7 @@ import os
 import os.path as osp
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from pyg_dist.distributed import under_torchrun
 from pyg_dist.integrity import verify
 from pyg_dist.partition.book import (META_FILE, described, edges_file, features_file, part_file,
                                      read_meta)
@@ -60,7 +61,7 @@ def launched_ranks(num_parts: int, nproc: Optional[int] = None) -> Tuple[int, Li
     r"""The world size a launch will have and the ranks whose files this
     process checks: under ``torchrun`` its world and its own rank, else
     :obj:`nproc` (default: one per part) and every part."""
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+    if under_torchrun():
         return int(os.environ["WORLD_SIZE"]), [int(os.environ["RANK"])]
     return nproc or num_parts, list(range(num_parts))
 

@@ -157,13 +157,17 @@ def materialise(piece: Piece, graph, backward: bool = False) -> Piece:
                      graph.values().index_select(0, at),
                      (piece.ptr.numel() - 1, piece.num_rows))
     if backward and getattr(graph, "_dist_keep_transpose", False):
-        whole = transposed(graph)
-        crow = whole.crow_indices()[piece.sources.start:piece.sources.stop + 1]
-        first, last = int(crow[0]), int(crow[-1])
-        keep_transpose(adj)._dist_transposed = csr_tensor(
-            crow - first, whole.col_indices()[first:last], whole.values()[first:last],
-            (piece.num_rows, adj.size(0)))
+        keep_transpose(adj)._dist_transposed = _row_slice(transposed(graph), piece.sources)
     return piece._replace(graph=adj)
+
+
+def _row_slice(csr: Tensor, rows: slice) -> Tensor:
+    r"""Rows :obj:`rows` of the CSR matrix :obj:`csr` (views of its columns
+    and values)."""
+    crow = csr.crow_indices()[rows.start:rows.stop + 1]
+    first, last = int(crow[0]), int(crow[-1])
+    return csr_tensor(crow - first, csr.col_indices()[first:last], csr.values()[first:last],
+                      (rows.stop - rows.start, csr.size(1)))
 
 
 class _Softmax:
@@ -409,7 +413,7 @@ class _SequentialAggregation(torch.autograd.Function):
         source_grads: List[Optional[Tensor]] = [None] * len(sources)
         other_grads: List[Optional[Tensor]] = [None] * len(others)
         param_grads: List[Optional[Tensor]] = [None] * len(spec.params)
-        send_back = any(s.requires_grad for s in sources)
+        needed = [s.requires_grad for s in sources]
         returning = None  # a round's gradients on their way to their owner
         replay = any(state is not None for state in fctx.rng)
         with torch.random.fork_rng(devices=_rng_devices(grad), enabled=replay):
@@ -447,17 +451,11 @@ class _SequentialAggregation(torch.autograd.Function):
                 if k == 0:  # owned from here on (index_add_ below): never the incoming grad
                     source_grads = [g.clone() if g is not None and _shares(g, grad) else g
                                     for g in row_grads]
-                elif send_back:
-                    if returning is not None:
-                        _receive_grads(returning, source_grads, sources)
-                    returning = (_return_grads(spec, k, row_grads, sources),
-                                 spec.schedule.send_index(k))
-                    row_grads = []  # held by the transfer only, until it left
-                    if not spec.prefetch:  # no round's gradients held while computing
-                        _receive_grads(returning, source_grads, sources)
-                        returning = None
+                elif any(needed):
+                    returning = _send_back(spec, k, row_grads, returning, source_grads,
+                                           sources, needed)
             if returning is not None:
-                _receive_grads(returning, source_grads, sources)
+                _receive_grads(returning, source_grads, sources, needed)
         source_grads = [g if g is not None or not s.requires_grad else torch.zeros_like(s)
                         for g, s in zip(source_grads, sources)]
         return (None, *source_grads, *other_grads, *param_grads)
@@ -476,36 +474,19 @@ def _linear_backward(spec: _Spec, grad: Tensor) -> Tensor:
     in the general backward."""
     schedule = spec.schedule
     whole = transposed(spec.graph, "mean" if spec.aggr == "mean" else "sum")
-    crow, grad = whole.crow_indices(), grad.contiguous()
-    source_grad, returning = None, None
+    grad = grad.contiguous()
+    source_grads: List[Optional[Tensor]] = [None]
+    returning = None
     for k in range(schedule.world):
-        rows = schedule.sources(k)
-        first, last = int(crow[rows.start]), int(crow[rows.stop])
-        piece = csr_tensor(crow[rows.start:rows.stop + 1] - first,
-                           whole.col_indices()[first:last], whole.values()[first:last],
-                           (rows.stop - rows.start, grad.size(0)))
-        row_grad = torch.sparse.mm(piece, grad, "sum")
+        row_grads = [torch.sparse.mm(_row_slice(whole, schedule.sources(k)), grad, "sum")]
         if k == 0:  # this rank's own rows: the gradient the others' are added into
-            source_grad = row_grad
-            continue
-        if returning is not None:
-            _add_returned(returning, source_grad)
-        returning = (_return_grads(spec, k, [row_grad], [row_grad]), schedule.send_index(k))
-        del row_grad  # held by the transfer only, until it left
-        if not spec.prefetch:
-            _add_returned(returning, source_grad)
-            returning = None
+            source_grads = row_grads
+        else:
+            returning = _send_back(spec, k, row_grads, returning, source_grads,
+                                   source_grads, [True])
     if returning is not None:
-        _add_returned(returning, source_grad)
-    return source_grad
-
-
-def _add_returned(returning, grad: Tensor) -> None:
-    r"""Adds the gradients of this rank's rows a peer returned into :obj:`grad`."""
-    transfer, index = returning
-    block = transfer.wait()
-    if block is not None:
-        grad.index_add_(0, index, block.to(grad.dtype))
+        _receive_grads(returning, source_grads, source_grads, [True])
+    return source_grads[0]
 
 
 def _shares(a: Tensor, b: Tensor) -> bool:
@@ -534,16 +515,34 @@ def _return_grads(spec: _Spec, k: int, row_grads: List[Optional[Tensor]],
                        spec.ctx.stats, spec.key + ".grad", backward=True)
 
 
+def _send_back(spec: _Spec, k: int, row_grads: List[Optional[Tensor]], returning,
+               source_grads: List[Optional[Tensor]], sources: Sequence[Tensor],
+               needed: Sequence[bool]):
+    r"""Starts returning round :obj:`k`'s :obj:`row_grads` to their owner
+    (the list is emptied: the transfer holds them until they left), after
+    adding in the gradients still :obj:`returning` from the round before;
+    without prefetch, waits for this round's too (no round's gradients held
+    while computing). Returns what is still on its way."""
+    if returning is not None:
+        _receive_grads(returning, source_grads, sources, needed)
+    returning = (_return_grads(spec, k, row_grads, sources), spec.schedule.send_index(k))
+    row_grads.clear()
+    if spec.prefetch:
+        return returning
+    _receive_grads(returning, source_grads, sources, needed)
+    return None
+
+
 def _receive_grads(returning, source_grads: List[Optional[Tensor]],
-                   sources: Sequence[Tensor]) -> None:
+                   sources: Sequence[Tensor], needed: Sequence[bool]) -> None:
     r"""Adds the gradients this rank's rows got from a peer into
-    :obj:`source_grads` (in place)."""
+    :obj:`source_grads` (in place), for the :obj:`sources` that need them."""
     transfer, index = returning
     block = transfer.wait()
     if block is None:
         return
     for i, (s, part) in enumerate(zip(sources, _unpack(block, sources))):
-        if s.requires_grad:
+        if needed[i]:
             if source_grads[i] is None:
                 source_grads[i] = torch.zeros_like(s)
             source_grads[i].index_add_(0, index, part.to(s.dtype))
