@@ -11,6 +11,7 @@ from pyg_dist.comm.exchange import Exchange, Run
 from pyg_dist.comm.plan import HaloPlan
 from pyg_dist.comm.stats import CommStats
 from pyg_dist.comm.transfer import Transfer, start_all_to_all
+from pyg_dist.utils.allocator import sample_live_peak
 from pyg_dist.utils.hugepages import empty_like_rows
 
 
@@ -43,7 +44,9 @@ def return_grads(grad_halo: Tensor, plan: HaloPlan, num_inner: int, group,
     transfer = start_grads(grad_halo, plan, group, stats, key, codec)
     grad = (grad_halo.new_zeros((num_inner, ) + tuple(grad_halo.shape[1:])) if own is None
             else own.clone())
-    return grad.index_add_(0, plan.send_index, transfer.wait())
+    received = transfer.wait()
+    sample_live_peak()  # the step's peak: activations, both gradients, received rows
+    return grad.index_add_(0, plan.send_index, received)
 
 
 class _HaloRows(torch.autograd.Function):

@@ -16,7 +16,9 @@ the edges, and edge-sized index buffers that fragment the heap: issue 35).
 A plan's adjacency is the same tensor in every layer (and, on the exact
 plan, in every step): marked by :func:`keep_transpose` where a plan serves
 it, it keeps its transpose for every backward (a mean's with each entry
-divided by its row's count: the backward is one sum). Any other
+divided by its row's count: the backward is one sum), built by its first
+forward (a sampled plan's graph is new every step: built in backward, its
+edge-sized temporaries joined the step's live peak). Any other
 graph (a trimmed batch's block, used once) takes torch's path. Which path
 a graph takes depends only on where it comes from, never on its history,
 so a resumed run computes bit for bit what the uninterrupted one did. The
@@ -71,12 +73,14 @@ def keep_transpose(adj):
 class _Aggregate(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, adj: Tensor, reduce: str) -> Tensor:
-        ctx.adj, ctx.reduce = adj, reduce
+        # built before the aggregation's output, not in backward beside
+        # every activation: its edge-sized temporaries stay off the peak
+        ctx.adj_t = transposed(adj, reduce)
         return torch.sparse.mm(adj, x, reduce)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        return torch.sparse.mm(transposed(ctx.adj, ctx.reduce), grad, "sum"), None, None
+        return torch.sparse.mm(ctx.adj_t, grad, "sum"), None, None
 
 
 def transposed(adj: Tensor, reduce: str = "sum") -> Tensor:

@@ -30,3 +30,24 @@ def extend_and_cat(root: str):
         (rows * weight).sum().backward()
         out.append((rows.detach(), leaf.grad, stats.total_bytes_recv))
     return out
+
+
+def backward_peak(root: str, width: int):
+    r"""The live memory an open :class:`PeakSampler` (whose thread never
+    reads) saw above its window's start over the backward of ``[x | halo
+    rows]``, and the bytes of that backward's gradient of the extended rows
+    and of its copy of the inner rows, both live at its peak."""
+    from pyg_dist.utils.allocator import PeakSampler
+    part = pyg_dist.DistData.load(root, dist.get_rank())
+    plan = HaloPlan.full(part)
+    x = torch.randn(part.num_inner, width, requires_grad=True)
+    ctx = SimpleNamespace(group=None, stats=CommStats())
+    rows = PointToPoint().extend(ctx, "layer", x, plan)
+    loss = (rows * 2).sum()  # its backward allocates the extended rows' gradient
+    sampler = PeakSampler(interval=3600)
+    try:
+        start = sampler.reset()
+        loss.backward()
+        return sampler.peak - start, rows.numel() * 4 + x.numel() * 4
+    finally:
+        sampler.close()

@@ -1,8 +1,9 @@
 """The halo exchange's ``[x | halo rows]`` built in one buffer."""
+import pytest
 import torch
 
 import pyg_dist
-from tests.comm.halo_workers import extend_and_cat
+from tests.comm.halo_workers import backward_peak, extend_and_cat
 
 
 def test_extend_in_one_buffer_equals_the_concatenated_exchange(graph, tmp_path):
@@ -15,3 +16,16 @@ def test_extend_in_one_buffer_equals_the_concatenated_exchange(graph, tmp_path):
         assert torch.equal(rows, cat_rows)
         torch.testing.assert_close(grad, cat_grad)
         assert received == cat_received > 0  # halo rows came, counted alike
+
+
+def test_the_backward_peak_is_sampled(graph, tmp_path):
+    r"""A halo exchange's backward samples the training's live memory once
+    its owners' gradients arrived (:func:`sample_live_peak`): the peak a
+    sampler saw holds the extended rows' gradient and the inner copy,
+    freed before backward returns, with no other read in the window."""
+    from pyg_dist.utils.allocator import malloc_in_use
+    if malloc_in_use() is None:
+        pytest.skip("needs glibc's mallinfo2")
+    pyg_dist.partition_graph(graph, 2, root=str(tmp_path))
+    for peak, held in pyg_dist.spawn(backward_peak, 2, (str(tmp_path), 256), timeout=120):
+        assert peak >= held > 0

@@ -68,6 +68,17 @@ def test_a_kept_transpose_runs_only_the_reduction_kernel(reduce):
 
 
 @pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_the_transpose_is_built_before_the_output(reduce):
+    # a sampled plan's graph is new every step: its transpose's edge-sized
+    # temporaries come and go in forward, not at backward's peak
+    adj = keep_transpose(_adjacency(60, 80, 400, seed=3))
+    x = torch.randn(80, 7, requires_grad=True)
+    spmm(adj, x, reduce)
+    name = "_dist_transposed" if reduce == "sum" else "_dist_transposed_mean"
+    assert isinstance(getattr(adj, name, None), torch.Tensor)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
 def test_an_unmarked_graph_equals_pyg(reduce, monkeypatch):
     # a sampled batch's block: a sum takes torch's reduction kernel, not PyG's call
     adj = _adjacency(60, 80, 400, seed=1)
