@@ -184,3 +184,27 @@ def refusals(root: str):
         except (NotImplementedError, ValueError) as e:
             out[name] = (type(e).__name__, str(e))
     return out
+
+
+def layer_input_freed(root: str):
+    r"""Whether the second layer's input of a 2-layer model is freed once
+    backward ran, while the loss (and so the step's graph) is still held,
+    under each exchange; GraphSAGE (mean)."""
+    import weakref
+
+    import pyg_dist
+    from tests.models import linear_loss
+    part = pyg_dist.DistData.load(root, dist.get_rank())
+    n_id = part.n_id[:part.num_inner]
+    freed = {}
+    for exchange in ("halo", "sequential"):
+        model = pyg_dist.nn.distribute(build("SAGEConv(mean)", part.num_features), part,
+                                       exchange=exchange)
+        seen = []
+        model.second.register_forward_pre_hook(
+            lambda module, args: seen.append(weakref.ref(args[0])))
+        loss = linear_loss(model(part.x, part.edge_index), n_id)
+        loss.backward()
+        freed[exchange] = seen[0]() is None
+        del loss
+    return freed

@@ -227,3 +227,12 @@ def test_pieces_slice_the_plan_s_kept_transpose(reduce):
         ours = torch.autograd.grad(spmm(kept, x, reduce), x, out_grad)[0]
         torch_s = torch.autograd.grad(spmm(fresh, x, reduce), x, out_grad)[0]
         assert_fp32_close(ours, torch_s)
+
+
+def test_a_linear_layer_keeps_no_input_past_backward(graph, tmp_path_factory):
+    r"""A linear layer's sequential backward (GraphSAGE's mean) reads
+    nothing of the layer's call: its input is freed by backward, as the
+    halo exchange's is, not held by the graph to the step's end."""
+    root = _parts(graph, tmp_path_factory, 2)[1]
+    for freed in pyg_dist.spawn(workers.layer_input_freed, 2, (root, ), timeout=120):
+        assert freed["halo"] and freed["sequential"]
