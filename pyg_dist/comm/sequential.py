@@ -378,6 +378,10 @@ class _SequentialAggregation(torch.autograd.Function):
     def forward(fctx, spec: _Spec, *tensors: Tensor) -> Tensor:
         sources = list(tensors[:spec.num_sources])
         others = list(tensors[spec.num_sources:spec.num_sources + spec.num_others])
+        if spec.linear and fctx.needs_input_grad[1]:
+            # what its backward reads, built before the rounds' buffers: its
+            # edge-sized temporaries (a plan's first step) stay off the peak
+            _linear_transpose(spec)
         fold = _Fold(spec.aggr, spec.pieces)
         like = (sources + others)[0]
         rng = []  # the generator state of each piece, replayed by the backward
@@ -480,7 +484,7 @@ def _linear_backward(spec: _Spec, grad: Tensor) -> Tensor:
     row fetched again, and the rounds' gradients go back to their owners as
     in the general backward."""
     schedule = spec.schedule
-    whole = transposed(spec.graph, "mean" if spec.aggr == "mean" else "sum")
+    whole = _linear_transpose(spec)
     grad = grad.contiguous()
     source_grads: List[Optional[Tensor]] = [None]
     returning = None
@@ -494,6 +498,11 @@ def _linear_backward(spec: _Spec, grad: Tensor) -> Tensor:
     if returning is not None:
         _receive_grads(returning, source_grads, source_grads, [True])
     return source_grads[0]
+
+
+def _linear_transpose(spec: _Spec) -> Tensor:
+    r"""The kept transpose a linear backward reads (built once per graph)."""
+    return transposed(spec.graph, "mean" if spec.aggr == "mean" else "sum")
 
 
 def _shares(a: Tensor, b: Tensor) -> bool:

@@ -194,17 +194,19 @@ def layer_input_freed(root: str):
 
     import pyg_dist
     from tests.models import linear_loss
-    part = pyg_dist.DistData.load(root, dist.get_rank())
-    n_id = part.n_id[:part.num_inner]
     freed = {}
     for exchange in ("halo", "sequential"):
+        part = pyg_dist.DistData.load(root, dist.get_rank())  # its graph, transpose-free
+        n_id = part.n_id[:part.num_inner]
         model = pyg_dist.nn.distribute(build("SAGEConv(mean)", part.num_features), part,
                                        exchange=exchange)
         seen = []
         model.second.register_forward_pre_hook(
             lambda module, args: seen.append(weakref.ref(args[0])))
         loss = linear_loss(model(part.x, part.edge_index), n_id)
+        graph = model.dist_context.plan.adjacency("mean", True)
+        transposed = hasattr(graph, "_dist_transposed_mean")
         loss.backward()
-        freed[exchange] = seen[0]() is None
+        freed[exchange] = (seen[0]() is None, transposed)
         del loss
     return freed
