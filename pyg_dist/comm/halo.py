@@ -11,7 +11,7 @@ from pyg_dist.comm.exchange import Exchange, Run
 from pyg_dist.comm.plan import HaloPlan
 from pyg_dist.comm.stats import CommStats
 from pyg_dist.comm.transfer import Transfer, start_all_to_all
-from pyg_dist.utils.allocator import sample_live_peak
+from pyg_dist.utils.allocator import sample_live_peak, sample_live_peak_after
 from pyg_dist.utils.hugepages import empty_like_rows
 
 
@@ -65,6 +65,7 @@ class _HaloRows(torch.autograd.Function):
                 stats: Optional[CommStats], key: str, codec: Optional[RowCodec]) -> Tensor:
         ctx.plan, ctx.group, ctx.stats, ctx.key, ctx.codec = plan, group, stats, key, codec
         ctx.num_inner = x.size(0)
+        sample_live_peak_after(x)
         return transfer.wait()
 
     @staticmethod
@@ -87,6 +88,7 @@ class _Extended(torch.autograd.Function):
                 key: str) -> Tensor:
         ctx.plan, ctx.group, ctx.stats, ctx.key = plan, group, stats, key
         num_inner = ctx.num_inner = x.size(0)
+        sample_live_peak_after(x)
         out = empty_like_rows(x, num_inner + plan.num_recv)
         transfer = start_all_to_all(x.index_select(0, plan.send_index), plan.send_counts,
                                     plan.recv_counts, group, None, stats, key,

@@ -66,7 +66,7 @@ from pyg_dist.comm.exchange import Run
 from pyg_dist.comm.halo import PointToPoint
 from pyg_dist.comm.ring import RingSchedule, start_round
 from pyg_dist.utils.aggregate import keep_transpose, transposed
-from pyg_dist.utils.allocator import sample_live_peak
+from pyg_dist.utils.allocator import sample_live_peak, sample_live_peak_after
 from pyg_dist.utils import csr_tensor
 
 #: Aggregations that decompose over the pieces of a neighbourhood.
@@ -382,6 +382,7 @@ class _SequentialAggregation(torch.autograd.Function):
             # what its backward reads, built before the rounds' buffers: its
             # edge-sized temporaries (a plan's first step) stay off the peak
             _linear_transpose(spec)
+        sample_live_peak_after(sources[0])
         fold = _Fold(spec.aggr, spec.pieces)
         like = (sources + others)[0]
         rng = []  # the generator state of each piece, replayed by the backward

@@ -51,3 +51,23 @@ def backward_peak(root: str, width: int):
         return sampler.peak - start, rows.numel() * 4 + x.numel() * 4
     finally:
         sampler.close()
+
+
+def peak_after_backward(root: str, width: int):
+    r"""As :func:`backward_peak`, for ``[x | halo rows]`` of ``x = inp @
+    W`` (8 wide, :obj:`width` wide inputs): the peak the sampler saw, and the
+    bytes of the input gradient the node that made ``x`` computes right
+    after the exchange's backward."""
+    from pyg_dist.utils.allocator import PeakSampler
+    part = pyg_dist.DistData.load(root, dist.get_rank())
+    sampler = PeakSampler(interval=3600)  # open while the exchange runs, as in training
+    try:
+        inp = torch.randn(part.num_inner, width, requires_grad=True)
+        x = inp @ torch.randn(width, 8)
+        ctx = SimpleNamespace(group=None, stats=CommStats())
+        loss = (PointToPoint().extend(ctx, "layer", x, HaloPlan.full(part)) * 2).sum()
+        start = sampler.reset()
+        loss.backward()
+        return sampler.peak - start, inp.numel() * 4
+    finally:
+        sampler.close()
