@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 from torch_geometric.utils import spmm as pyg_spmm
 
-from pyg_dist.utils import csr, csr_tensor
+from pyg_dist.utils.sparse import csr_tensor, row_pointers
 
 
 def spmm(adj, x: Tensor, reduce: str = "sum") -> Tensor:
@@ -97,9 +97,10 @@ def transposed(adj: Tensor, reduce: str = "sum") -> Tensor:
         row = torch.repeat_interleave(torch.arange(adj.size(0), device=col.device),
                                       crow.diff(), output_size=col.numel())
         order = torch.sort(col, stable=True).indices  # by column, rows stay sorted
-        # the edges (row -> col) sorted by their new row, col
-        found = csr(torch.stack([row[order], col[order]]), adj.values()[order],
-                    adj.size(1), adj.size(0))
+        # the edges (row -> col) sorted by their new row, col; the columns
+        # held on their own (a view of a stacked pair kept the pair alive)
+        found = csr_tensor(row_pointers(col, adj.size(1)), row[order], adj.values()[order],
+                           (adj.size(1), adj.size(0)))
     else:  # mean
         plain = transposed(adj)
         count = adj.crow_indices().diff().clamp(min=1).to(plain.values().dtype)

@@ -32,13 +32,19 @@ def csr(edge_index: Tensor, value: Optional[Tensor], num_rows: int, num_cols: in
     r"""A ``torch.sparse`` CSR matrix (rows = targets) of an ``edge_index``
     sorted by target; unit values when :obj:`value` is ``None``."""
     src, dst = edge_index
-    # 64-bit indices: with int32 ones, torch 2.13's CPU backward of PyG's
-    # mean aggregation over a 50K x 60K CSR was measured wrong (errors ~5e4).
-    crow = torch.zeros(num_rows + 1, dtype=torch.long, device=src.device)
-    crow[1:] = torch.bincount(dst, minlength=num_rows).cumsum(0)
     if value is None:
         value = torch.ones(src.numel(), dtype=dtype, device=src.device)
-    return csr_tensor(crow, src, value, (num_rows, num_cols))
+    return csr_tensor(row_pointers(dst, num_rows), src, value, (num_rows, num_cols))
+
+
+def row_pointers(row: Tensor, num_rows: int) -> Tensor:
+    r"""The CSR row pointers (``crow_indices``) of entries in rows :obj:`row`
+    (sorted)."""
+    # 64-bit indices: with int32 ones, torch 2.13's CPU backward of PyG's
+    # mean aggregation over a 50K x 60K CSR was measured wrong (errors ~5e4).
+    crow = torch.zeros(num_rows + 1, dtype=torch.long, device=row.device)
+    crow[1:] = torch.bincount(row, minlength=num_rows).cumsum(0)
+    return crow
 
 
 def gather_neighbours(rowptr: Tensor, col: Tensor, nodes: Tensor) -> Tensor:

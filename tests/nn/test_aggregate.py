@@ -78,6 +78,15 @@ def test_the_transpose_is_built_before_the_output(reduce):
     assert isinstance(getattr(adj, name, None), torch.Tensor)
 
 
+def test_the_kept_transpose_holds_only_its_own_arrays():
+    # kept for the plan's lifetime: no index array may keep a larger buffer alive
+    adj = keep_transpose(_adjacency(60, 80, 400, seed=4))
+    spmm(adj, torch.randn(80, 7, requires_grad=True), "mean")
+    for t in (adj._dist_transposed, adj._dist_transposed_mean):
+        for part in (t.crow_indices(), t.col_indices(), t.values()):
+            assert part.untyped_storage().nbytes() == part.numel() * part.element_size()
+
+
 @pytest.mark.parametrize("reduce", ["sum", "mean"])
 def test_an_unmarked_graph_equals_pyg(reduce, monkeypatch):
     # a sampled batch's block: a sum takes torch's reduction kernel, not PyG's call
