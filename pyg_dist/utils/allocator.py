@@ -24,13 +24,18 @@ What a CPU rank's resident set (RSS) holds beyond its live memory (issue 35):
     (:func:`rank_environment`): there the heap stopped growing at the third
     epoch (344-360 MiB), peak RSS above baseline 222-251 MiB against 435-458
     with the cache, epochs as long;
-  - allocations that outlive a step (a plan's transposes and adjacency, the
-    next sampled plan, the optimiser's state) are placed among the step's
-    buffers and cut its free space: the heap keeps some free pieces the
-    next step's buffers do not fit. Training allocates the gradients'
-    buffers before the first step (:class:`~pyg_dist.reducer.GradientReducer`)
-    and releases free pages at the first epochs' starts
-    (:func:`release_free_memory`).
+  - the step's own buffers (on 4 METIS parts of ``reddit-shaped``: 1.2 to
+    4.7 MB, with overlapping lifetimes) do not pack: a live peak of 14 MB
+    above what lives between steps spread over 28 MB of heap (one step,
+    traced by hand). Allocations that outlive a step are not the cause:
+    with a plan's transposes mapped on their own (by hand) the heap kept as
+    much free space between steps (16-22 against 22-24 MiB). Training
+    allocates the gradients' buffers before the first step
+    (:class:`~pyg_dist.reducer.GradientReducer`) and releases free pages at
+    the first epochs' starts (:func:`release_free_memory`); where the
+    buffers land varies from run to run (the sequential exchange, 2 METIS
+    parts of ``reddit-shaped``, hidden 256: 137-184 MiB on a rank, with a
+    live peak of 97-101).
 
 * ``compact`` mode maps every chunk of 256 KiB or more on its own and
   returns it when freed: RSS above baseline less code is then the live peak,
@@ -185,11 +190,11 @@ def sample_live_peak() -> None:
 
     Measured against a ``malloc`` counter preloaded by hand (every byte
     allocated and freed, its exact peak), GraphSAGE: sampled at forward's
-    end and every 100 ms only, the peak of an epoch came out up to a quarter
-    low (4 METIS parts of R-MAT: 29-36 against 38 MiB); with these points
+    end and every 100 ms only, the peak of an epoch came out up to a third
+    low (4 METIS parts of R-MAT, exact: 29-32 against 38 MiB); with these points
     it equalled the counter's after the first epoch on 4 METIS parts of
-    R-MAT and ``reddit-shaped`` (exact and BNS) and on 2 random parts of
-    R-MAT at hidden 256 (both exchanges)."""
+    R-MAT (exact and BNS) and of ``reddit-shaped`` (BNS), and on 2 random
+    parts of R-MAT at hidden 256 (both exchanges)."""
     if _ACTIVE is not None:
         _ACTIVE.sample()
 
