@@ -126,8 +126,9 @@ class PeakSampler:
     :obj:`interval` seconds by a daemon thread (which holds the GIL only for
     the read: a tensor operation of the training thread releases it), and
     at every :meth:`sample` call (the points where peaks happen: after a
-    forward pass, and :func:`sample_live_peak` in backward). A peak shorter than :obj:`interval` between two
-    :meth:`sample` calls may be missed: the figure is a lower bound.
+    forward pass, and :func:`sample_live_peak` in backward). A peak shorter
+    than :obj:`interval` between two :meth:`sample` calls may be missed: the
+    figure is a lower bound.
     Inactive (all ``None``) where :func:`malloc_in_use` is.
 
     Every read walks each arena's free lists under its lock (36 us median
@@ -136,8 +137,8 @@ class PeakSampler:
     a core beside neighbour-loader training (1.44 s of CPU in 20 s), at
     10 ms still 2.6% (its CPU ticks against the training thread's, read from
     ``/proc``) and at 50 ms 0.8% of the rank's CPU (``perf``: reads of up to
-    0.4 ms on that heap), so it reads every 100 ms. A step's peak is at the
-    end of its forward, which :meth:`sample` is called for."""
+    0.4 ms on that heap), so it reads every 100 ms. A step's peak is in its
+    backward, where :func:`sample_live_peak` samples."""
 
     def __init__(self, interval: float = 0.1) -> None:
         global _ACTIVE
@@ -204,7 +205,7 @@ def sample_live_peak_after(x) -> None:
     the tensor :obj:`x` (a halo exchange's input: its gradients come right
     after the exchange's, while the exchange's output gradient is live).
     Nothing without an open sampler or where :obj:`x` has no node."""
-    if _ACTIVE is not None and getattr(x, "grad_fn", None) is not None:
+    if _ACTIVE is not None and x.requires_grad and x.grad_fn is not None:
         x.grad_fn.register_hook(_sample_hook)
 
 

@@ -38,8 +38,8 @@ def csr(edge_index: Tensor, value: Optional[Tensor], num_rows: int, num_cols: in
 
 
 def row_pointers(row: Tensor, num_rows: int) -> Tensor:
-    r"""The CSR row pointers (``crow_indices``) of entries in rows :obj:`row`
-    (sorted)."""
+    r"""The CSR row pointers (``crow_indices``) of :obj:`num_rows` rows
+    whose entries, sorted by row, lie in rows :obj:`row`."""
     # 64-bit indices: with int32 ones, torch 2.13's CPU backward of PyG's
     # mean aggregation over a 50K x 60K CSR was measured wrong (errors ~5e4).
     crow = torch.zeros(num_rows + 1, dtype=torch.long, device=row.device)
