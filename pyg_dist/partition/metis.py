@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from pyg_dist.utils import gather_neighbours
+from pyg_dist.utils.sparse import row_pointers
 
 OBJECTIVES = ("vol", "cut")
 
@@ -20,9 +21,7 @@ def symmetric_csr(edge_index: Tensor, num_nodes: int) -> tuple:
     row, col = torch.cat([row, col]), torch.cat([col, row])
     key = torch.unique(row * num_nodes + col)  # sorted, duplicates removed
     row, col = key // num_nodes, key % num_nodes
-    rowptr = torch.zeros(num_nodes + 1, dtype=torch.long)
-    rowptr[1:] = torch.bincount(row, minlength=num_nodes).cumsum(0)
-    return rowptr, col
+    return row_pointers(row, num_nodes), col
 
 
 def metis_assignment(
