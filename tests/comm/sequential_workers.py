@@ -210,3 +210,39 @@ def layer_input_freed(root: str):
         freed[exchange] = (seen[0]() is None, transposed)
         del loss
     return freed
+
+
+def linear_forward_allocations(root: str):
+    r"""The new buffers a linear layer's sequential forward (GraphSAGE's
+    mean, no gradient, a hidden layer's input) allocates as large as its
+    aggregation's output, and whether a peer's rows are as many as the inner
+    rows (which would make the count ambiguous)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+    from torch_geometric.nn import SAGEConv
+
+    import pyg_dist
+
+    class NewBuffers(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.nbytes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            given = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
+                     if isinstance(t, torch.Tensor) and t.layout == torch.strided}
+            self.nbytes += [t.untyped_storage().nbytes() for t in tree_leaves(out)
+                            if isinstance(t, torch.Tensor) and t.layout == torch.strided
+                            and t.untyped_storage().data_ptr() not in given]
+            return out
+
+    part = pyg_dist.DistData.load(root, dist.get_rank())
+    torch.manual_seed(0)
+    model = pyg_dist.nn.distribute(SAGEConv(3, 8), part, exchange="sequential")  # aggregates, then projects
+    hidden = torch.randn(part.num_inner, 3)  # not the input features: no precomputation
+    model(hidden, part.edge_index)  # the plan, its pieces: built once
+    with torch.no_grad(), NewBuffers() as mode:
+        model(hidden, part.edge_index)
+    plan = model.dist_context.plan
+    return mode.nbytes.count(hidden.numel() * 4), part.num_inner in set(plan.recv_counts)

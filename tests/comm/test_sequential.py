@@ -238,3 +238,14 @@ def test_a_linear_layer_keeps_no_input_past_backward(graph, tmp_path_factory):
     root = _parts(graph, tmp_path_factory, 2)[1]
     for freed in pyg_dist.spawn(workers.layer_input_freed, 2, (root, ), timeout=120):
         assert freed["halo"] == freed["sequential"] == (True, True)
+
+
+def test_a_linear_forward_adds_each_piece_into_its_output(graph, tmp_path_factory):
+    r"""A linear layer's sequential forward (GraphSAGE's mean, 3 ranks, so 3
+    rounds) adds each round's product into its output in place: one buffer
+    of the output's size, not one partial aggregate per round."""
+    root = _parts(graph, tmp_path_factory, 3)[1]
+    for count, ambiguous in pyg_dist.spawn(workers.linear_forward_allocations, 3, (root, ),
+                                           timeout=120):
+        assert not ambiguous
+        assert count == 1
