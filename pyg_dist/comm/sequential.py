@@ -41,7 +41,9 @@ GraphConv): its gradient for round :math:`k`'s rows is
 :math:`\mathbf{A}_k^{\top}\nabla\mathbf{a}` (a mean's scaled by
 :math:`1/|\mathcal N|`), rows of the graph's kept transpose, which needs
 no row: nothing is recomputed or fetched again, and the backward holds one
-round's row gradients.
+round's row gradients. Its forward adds each round's
+:math:`\mathbf{A}_k\mathbf{X}_k` into its output in place (a mean divided
+by the in-degree at the end): no partial aggregate per round.
 
 Exact: the result equals the materialising exchange (and single-process
 PyG) up to floating-point rounding. Applies on the full-graph plans of the
@@ -488,10 +490,10 @@ def _linear_forward(spec: _Spec, x: Tensor) -> Tensor:
     r"""The forward of a linear aggregation (:attr:`_Spec.linear`) of
     :obj:`x`: :math:`\mathbf{a} = \sum_k \mathbf{A}_k \mathbf{X}_k` (a
     mean's divided by the in-degree at the end), each round's piece times
-    its rows added into the output in place (``addmm_``): no partial
-    aggregate per round. Per round it held one of the output's size
-    beside the output, allocated and freed in every layer and step: 7
-    rounds x 3 layers of them a step at 8 ranks."""
+    its rows added into the output in place (``addmm_``). A partial
+    aggregate per round would be a buffer of the output's size allocated
+    and freed per round, layer and step (21 a step for 3 layers at 8
+    ranks), churning the heap the step's other buffers are placed in."""
     out = x.new_zeros((spec.ctx.num_inner, x.size(1)))
     for k, (rows, ) in _rounds(spec, [x], spec.key):
         if spec.pieces[k].num_edges:

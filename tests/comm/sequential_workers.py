@@ -213,10 +213,11 @@ def layer_input_freed(root: str):
 
 
 def linear_forward_allocations(root: str):
-    r"""The new buffers a linear layer's sequential forward (GraphSAGE's
-    mean, no gradient, a hidden layer's input) allocates as large as its
-    aggregation's output, and whether a peer's rows are as many as the inner
-    rows (which would make the count ambiguous)."""
+    r"""How many new buffers of its aggregation's output size a linear
+    layer's sequential forward allocates (GraphSAGE's mean, no gradient, a
+    hidden layer's input), and whether a round's rows sent or received are
+    as many as the inner rows (buffers of that size too: the count would be
+    ambiguous)."""
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
     from torch_geometric.nn import SAGEConv
@@ -239,10 +240,12 @@ def linear_forward_allocations(root: str):
 
     part = pyg_dist.DistData.load(root, dist.get_rank())
     torch.manual_seed(0)
-    model = pyg_dist.nn.distribute(SAGEConv(3, 8), part, exchange="sequential")  # aggregates, then projects
+    # 3 -> 8: aggregates, then projects
+    model = pyg_dist.nn.distribute(SAGEConv(3, 8), part, exchange="sequential")
     hidden = torch.randn(part.num_inner, 3)  # not the input features: no precomputation
     model(hidden, part.edge_index)  # the plan, its pieces: built once
     with torch.no_grad(), NewBuffers() as mode:
         model(hidden, part.edge_index)
     plan = model.dist_context.plan
-    return mode.nbytes.count(hidden.numel() * 4), part.num_inner in set(plan.recv_counts)
+    return (mode.nbytes.count(hidden.numel() * 4),
+            part.num_inner in set(plan.recv_counts) | set(plan.send_counts))
