@@ -86,26 +86,42 @@ class _Aggregate(torch.autograd.Function):
 def transposed(adj: Tensor, reduce: str = "sum") -> Tensor:
     r"""The CSR transpose of the CSR :obj:`adj`, kept on it; for
     ``reduce="mean"`` with each entry :math:`a_{ij}` divided by its row's
-    count :math:`\max(c_i, 1)`, so that the mean's backward is one sum
-    (sharing the plain transpose's indices)."""
+    count :math:`\max(c_i, 1)`, so that the mean's backward is one sum.
+
+    The two share their indices. A mean keeps no plain transpose: its
+    values (4 bytes an edge, on a plan's graph for the plan's lifetime)
+    would serve no sum. A sum asked of the same graph later gets the same
+    arrays a first build would have (the same sort), sharing the mean's
+    indices."""
     name = "_dist_transposed" if reduce == "sum" else "_dist_transposed_" + reduce
     found = getattr(adj, name, None)
     if found is not None:
         return found
     if reduce == "sum":
-        crow, col = adj.crow_indices(), adj.col_indices()
-        row = torch.repeat_interleave(torch.arange(adj.size(0), device=col.device),
-                                      crow.diff(), output_size=col.numel())
-        order = torch.sort(col, stable=True).indices  # by column, rows stay sorted
-        # the edges (row -> col) sorted by their new row, col; the columns
-        # held on their own (a view of a stacked pair kept the pair alive)
-        found = csr_tensor(row_pointers(col, adj.size(1)), row[order], adj.values()[order],
-                           (adj.size(1), adj.size(0)))
-    else:  # mean
-        plain = transposed(adj)
+        found = _transpose(adj)
+    else:  # mean, from the kept plain transpose or one built for it alone (not kept)
+        plain = getattr(adj, "_dist_transposed", None)
+        plain = _transpose(adj) if plain is None else plain
         count = adj.crow_indices().diff().clamp(min=1).to(plain.values().dtype)
         # entry (j, i) of the transpose is a_ij: divided by row i's count
         found = csr_tensor(plain.crow_indices(), plain.col_indices(),
                            plain.values() / count[plain.col_indices()], plain.shape)
     setattr(adj, name, found)
     return found
+
+
+def _transpose(adj: Tensor) -> Tensor:
+    r"""The CSR transpose of the CSR :obj:`adj`, on the indices of its kept
+    mean transpose where it has one."""
+    crow, col = adj.crow_indices(), adj.col_indices()
+    order = torch.sort(col, stable=True).indices  # by column, rows stay sorted
+    mean = getattr(adj, "_dist_transposed_mean", None)
+    if mean is not None:
+        return csr_tensor(mean.crow_indices(), mean.col_indices(), adj.values()[order],
+                          mean.shape)
+    row = torch.repeat_interleave(torch.arange(adj.size(0), device=col.device),
+                                  crow.diff(), output_size=col.numel())
+    # the edges (row -> col) sorted by their new row, col; the columns held on
+    # their own (a view of a stacked pair kept the pair alive)
+    return csr_tensor(row_pointers(col, adj.size(1)), row[order], adj.values()[order],
+                      (adj.size(1), adj.size(0)))

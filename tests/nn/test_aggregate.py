@@ -6,7 +6,7 @@ import torch
 from torch_geometric.nn import GCNConv, GraphConv, SAGEConv
 from torch_geometric.utils import spmm as pyg_spmm
 
-from pyg_dist.utils.aggregate import keep_transpose, spmm
+from pyg_dist.utils.aggregate import keep_transpose, spmm, transposed
 from pyg_dist.nn.conv import DistGraphConv
 from pyg_dist.nn.conv.sage_conv import DistSAGEConv
 from pyg_dist.utils import csr_tensor
@@ -22,6 +22,10 @@ def _adjacency(rows: int, cols: int, nnz: int, seed: int = 0) -> torch.Tensor:
     crow = torch.zeros(rows + 1, dtype=torch.long)
     crow[1:] = torch.bincount(row, minlength=rows).cumsum(0)
     return csr_tensor(crow, col, torch.rand(key.numel(), generator=gen), (rows, cols))
+
+
+def _keeps_a_transpose(adj) -> bool:  # a sum's, or a mean's
+    return hasattr(adj, "_dist_transposed") or hasattr(adj, "_dist_transposed_mean")
 
 
 @pytest.mark.parametrize("reduce", ["sum", "add", "mean"])
@@ -79,12 +83,28 @@ def test_the_transpose_is_built_before_the_output(reduce):
 
 
 def test_the_kept_transpose_holds_only_its_own_arrays():
-    # kept for the plan's lifetime: no index array may keep a larger buffer alive
+    # kept for the plan's lifetime: no index array may keep a larger buffer
+    # alive, and a mean keeps no plain transpose's values beside its own
     adj = keep_transpose(_adjacency(60, 80, 400, seed=4))
     spmm(adj, torch.randn(80, 7, requires_grad=True), "mean")
-    for t in (adj._dist_transposed, adj._dist_transposed_mean):
-        for part in (t.crow_indices(), t.col_indices(), t.values()):
-            assert part.untyped_storage().nbytes() == part.numel() * part.element_size()
+    assert not hasattr(adj, "_dist_transposed")
+    t = adj._dist_transposed_mean
+    for part in (t.crow_indices(), t.col_indices(), t.values()):
+        assert part.untyped_storage().nbytes() == part.numel() * part.element_size()
+
+
+def test_a_sum_after_a_mean_shares_its_indices_and_equals_a_first_build():
+    adj = keep_transpose(_adjacency(60, 80, 400, seed=5))
+    fresh = _adjacency(60, 80, 400, seed=5)
+    x = torch.randn(80, 7, requires_grad=True)
+    spmm(adj, x, "mean")
+    spmm(adj, x, "sum")
+    mean, plain = adj._dist_transposed_mean, transposed(fresh)
+    assert adj._dist_transposed.col_indices().data_ptr() == mean.col_indices().data_ptr()
+    for a, b in zip((adj._dist_transposed.crow_indices(), adj._dist_transposed.col_indices(),
+                     adj._dist_transposed.values()),
+                    (plain.crow_indices(), plain.col_indices(), plain.values())):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("reduce", ["sum", "mean"])
@@ -132,7 +152,7 @@ def test_layers_aggregate_with_it_and_equal_pyg(conv):
         conv.project_first = False  # PyG's order: only the aggregation differs
         out = conv(x, adj)
     grads = torch.autograd.grad(out.sum(), [x, *conv.parameters()])
-    assert hasattr(adj, "_dist_transposed")
+    assert _keeps_a_transpose(adj)
     assert_fp32_close(out, expected)
     for got, want in zip(grads, expected_grads):
         assert_fp32_close(got, want)
@@ -162,4 +182,4 @@ def test_distributed_layers_keep_the_plan_s_transpose_and_equal_pyg(graph, tmp_p
     # the graph the plan served: the partition's adj_t, or GCN's normalised one
     served = [part.adj_t] if model_cls == "GraphSAGE" else \
         [norm.adj_t for norm in model.dist_context.memo["gcn_norm"].values()]
-    assert all(hasattr(g, "_dist_transposed") for g in served)
+    assert all(_keeps_a_transpose(g) for g in served)
