@@ -88,11 +88,11 @@ def transposed(adj: Tensor, reduce: str = "sum") -> Tensor:
     ``reduce="mean"`` with each entry :math:`a_{ij}` divided by its row's
     count :math:`\max(c_i, 1)`, so that the mean's backward is one sum.
 
-    The two share their indices. A mean keeps no plain transpose: its
-    values (4 bytes an edge, on a plan's graph for the plan's lifetime)
-    would serve no sum. A sum asked of the same graph later gets the same
-    arrays a first build would have (the same sort), sharing the mean's
-    indices."""
+    A graph's two transposes share their indices. A mean keeps no plain
+    transpose: its values (4 bytes an edge, on a plan's graph for the
+    plan's lifetime) would serve no sum. A sum asked of the same graph
+    later gets the arrays a first build would have (the same sort), on the
+    mean's indices."""
     name = "_dist_transposed" if reduce == "sum" else "_dist_transposed_" + reduce
     found = getattr(adj, name, None)
     if found is not None:
