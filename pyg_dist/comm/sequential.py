@@ -499,8 +499,8 @@ def _linear_forward(spec: _Spec, x: Tensor) -> Tensor:
         if spec.pieces[k].num_edges:
             out.addmm_(materialise(spec.pieces[k], spec.graph).graph, rows)
         del rows
-    if spec.aggr == "mean":
-        out.div_(sum(p.count for p in spec.pieces).clamp_(min=1).unsqueeze(1).to(out.dtype))
+    if spec.aggr == "mean":  # the pieces' edges are the graph's: its row counts
+        out.div_(spec.graph.crow_indices().diff().clamp_(min=1).unsqueeze(1).to(out.dtype))
     return out
 
 
