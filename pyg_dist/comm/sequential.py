@@ -82,14 +82,18 @@ class Piece(NamedTuple):
     graph they were cut from (``edge_index`` form) and ``count`` the edges
     into each target (``num_edges`` in all).
 
-    A CSR graph's pieces are kept compact: ``ptr`` (the piece's row
-    pointers) and ``position`` (where its edges sit in the graph's CSR
-    arrays, 32-bit: 4 bytes an edge over all pieces), ``graph`` ``None``;
+    A CSR graph's pieces are kept compact, ``graph`` ``None``: ``ptr`` (the
+    piece's row pointers) and where its edges sit in the graph's CSR arrays;
     :func:`materialise` gathers the piece's columns and values from the graph
     while the piece runs, so a rank never holds its adjacency twice (a copy
     costs 12 bytes an edge: at 2 ranks more than the halo rows the exchange
-    saves). Positions, not a mask over all edges: a gather of the piece's
-    own edges, not a scan of every edge per piece and round."""
+    saves). Where each row's edges of the piece lie side by side in the
+    graph (its columns sorted within rows, as a partition's are), ``shift``
+    locates them: row :math:`r`'s edge :math:`j` of the piece (counted over
+    the piece, from ``ptr[r]``) sits at :math:`j + \mathrm{shift}_r`, one
+    entry a row. Otherwise ``position`` holds each edge's (32-bit: 4 bytes an
+    edge over all pieces, 4 MiB on a rank of 1M edges). Either way a gather
+    of the piece's own edges, not a scan of every edge per piece and round."""
     sources: slice
     graph: Any
     edge_id: Optional[Tensor]
@@ -97,6 +101,7 @@ class Piece(NamedTuple):
     position: Optional[Tensor]  # CSR: its edges' positions in the graph's arrays
     edge_count: Optional[Tensor]  # edge_index form: the edges into each target
     num_edges: int
+    shift: Optional[Tensor] = None  # CSR, one run of edges a row: position - rank in piece
 
     @property
     def num_rows(self) -> int:
@@ -119,15 +124,25 @@ def cut(graph, num_inner: int, schedule: RingSchedule) -> List[Piece]:
     pieces = []
     if isinstance(graph, Tensor) and graph.layout == torch.sparse_csr:
         crow, col = graph.crow_indices(), graph.col_indices()
+        small = col.numel() < 2 ** 31  # 32-bit positions
         for k in range(schedule.world):
             sources = schedule.sources(k)
             # the piece's row pointers: its edges counted up to each row's start
             keep = _in_round(col, sources)
             ptr = torch.cat([crow.new_zeros(1), keep.cumsum(0)])[crow]
             position = keep.nonzero().view(-1)
-            if col.numel() < 2 ** 31:
-                position = position.to(torch.int32)
-            pieces.append(Piece(sources, None, None, ptr, position, None, int(ptr[-1])))
+            del keep
+            num_edges = int(ptr[-1])
+            count = ptr.diff()
+            # a row's edges of the piece in one run: its first edge's position locates all
+            first = ptr[:-1][count > 0]
+            shift = (crow[:-1] - ptr[:-1]).masked_scatter_(count > 0, position[first] - first)
+            if small:
+                position, shift = position.to(torch.int32), shift.to(torch.int32)
+            if torch.equal(_positions(shift, count, num_edges), position):
+                pieces.append(Piece(sources, None, None, ptr, None, None, num_edges, shift))
+            else:
+                pieces.append(Piece(sources, None, None, ptr, position, None, num_edges))
         return pieces
     if not (isinstance(graph, Tensor) and graph.dim() == 2 and graph.size(0) == 2):
         raise NotImplementedError("exchange='sequential' takes the partition's edge_index or "
@@ -140,6 +155,14 @@ def cut(graph, num_inner: int, schedule: RingSchedule) -> List[Piece]:
         piece = torch.stack([col[keep] - sources.start, row[keep]])
         pieces.append(Piece(sources, piece, keep, None, None, count, keep.numel()))
     return pieces
+
+
+def _positions(shift: Tensor, count: Tensor, num_edges: int) -> Tensor:
+    r"""The positions in the graph's CSR arrays of a piece's edges that lie
+    in one run a row: edge :math:`j` of the piece at :math:`j +
+    \mathrm{shift}_r` (:attr:`Piece.shift`), in :obj:`shift`'s dtype."""
+    at = torch.repeat_interleave(shift, count, output_size=num_edges)
+    return at.add_(torch.arange(num_edges, dtype=at.dtype, device=at.device))
 
 
 def materialise(piece: Piece, graph, backward: bool = False) -> Piece:
@@ -155,7 +178,8 @@ def materialise(piece: Piece, graph, backward: bool = False) -> Piece:
     round of every step."""
     if piece.graph is not None:
         return piece
-    at = piece.position
+    at = piece.position if piece.shift is None else \
+        _positions(piece.shift, piece.count, piece.num_edges)
     adj = csr_tensor(piece.ptr, graph.col_indices().index_select(0, at).sub_(piece.sources.start),
                      graph.values().index_select(0, at),
                      (piece.ptr.numel() - 1, piece.num_rows))

@@ -194,6 +194,36 @@ class _Rounds:
         return slice(self.bounds[k], self.bounds[k + 1])
 
 
+@pytest.mark.parametrize("columns", ["sorted", "interleaved"])
+def test_a_piece_keeps_one_entry_a_row_where_its_edges_lie_together(columns):
+    r"""A CSR graph's piece locates its edges by one entry a row where each
+    row's edges of the piece lie side by side in the graph (columns sorted
+    within rows, as a partition's are), by one an edge where they do not;
+    either way it materialises as the graph's columns of its round."""
+    from pyg_dist.comm.sequential import cut, materialise
+    from pyg_dist.utils import csr_tensor
+    gen = torch.Generator().manual_seed(1)
+    num_inner, num_src, num_edges = 30, 70, 400
+    edge_index = torch.stack([torch.randint(0, num_src, (num_edges, ), generator=gen),
+                              torch.randint(0, num_inner, (num_edges, ), generator=gen)])
+    graph = to_torch_csr_tensor(edge_index.flip(0), torch.rand(num_edges, generator=gen),
+                                (num_inner, num_src))
+    crow, col, value = graph.crow_indices(), graph.col_indices(), graph.values()
+    if columns == "interleaved":  # each row's columns by their parity, then value
+        order = torch.cat([torch.argsort(col[a:b] % 2 * num_src + col[a:b]) + a
+                           for a, b in zip(crow[:-1].tolist(), crow[1:].tolist())])
+        graph = csr_tensor(crow, col[order], value[order], graph.shape)
+    rounds = _Rounds([0, num_inner, 50, num_src])
+    pieces = cut(graph, num_inner, rounds)
+    for k, piece in enumerate(pieces):
+        if columns == "sorted":
+            assert piece.position is None and piece.shift.numel() == num_inner
+        else:
+            assert piece.shift is None and piece.position.numel() == piece.num_edges
+        assert torch.equal(materialise(piece, graph).graph.to_dense(),
+                           graph.to_dense()[:, rounds.sources(k)])
+
+
 @pytest.mark.parametrize("reduce", ["sum", "mean"])
 def test_pieces_slice_the_plan_s_kept_transpose(reduce):
     r"""A piece of a graph that keeps its transpose (a plan's) takes its
