@@ -89,9 +89,9 @@ class Piece(NamedTuple):
     costs 12 bytes an edge: at 2 ranks more than the halo rows the exchange
     saves). Where each row's edges of the piece lie side by side in the
     graph (its columns sorted within rows, as a partition's are), ``shift``
-    locates them: row :math:`r`'s edge :math:`j` of the piece (counted over
-    the piece, from ``ptr[r]``) sits at :math:`j + \mathrm{shift}_r`, one
-    entry a row. Otherwise ``position`` holds each edge's (32-bit: 4 bytes an
+    locates them, one entry a row: the piece's edge :math:`j` (numbered over
+    the whole piece), one of row :math:`r`'s, sits at :math:`j +
+    \mathrm{shift}_r`. Otherwise ``position`` holds each edge's (32-bit: 4 bytes an
     edge over all pieces, 4 MiB on a rank of 1M edges). Either way a gather
     of the piece's own edges, not a scan of every edge per piece and round."""
     sources: slice
