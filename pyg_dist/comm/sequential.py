@@ -70,6 +70,7 @@ from pyg_dist.comm.ring import RingSchedule, start_round
 from pyg_dist.utils.aggregate import keep_transpose, transposed
 from pyg_dist.utils.allocator import sample_live_peak, sample_live_peak_after
 from pyg_dist.utils import csr_tensor
+from pyg_dist.utils.sparse import run_positions
 
 #: Aggregations that decompose over the pieces of a neighbourhood.
 AGGREGATIONS = ("add", "sum", "mean", "max", "min")
@@ -135,11 +136,12 @@ def cut(graph, num_inner: int, schedule: RingSchedule) -> List[Piece]:
             num_edges = int(ptr[-1])
             count = ptr.diff()
             # a row's edges of the piece in one run: its first edge's position locates all
-            first = ptr[:-1][count > 0]
-            shift = (crow[:-1] - ptr[:-1]).masked_scatter_(count > 0, position[first] - first)
+            nonempty = count > 0
+            first = ptr[:-1][nonempty]
+            shift = (crow[:-1] - ptr[:-1]).masked_scatter_(nonempty, position[first] - first)
             if small:
                 position, shift = position.to(torch.int32), shift.to(torch.int32)
-            if torch.equal(_positions(shift, count, num_edges), position):
+            if torch.equal(run_positions(shift, count, num_edges), position):
                 pieces.append(Piece(sources, None, None, ptr, None, None, num_edges, shift))
             else:
                 pieces.append(Piece(sources, None, None, ptr, position, None, num_edges))
@@ -157,14 +159,6 @@ def cut(graph, num_inner: int, schedule: RingSchedule) -> List[Piece]:
     return pieces
 
 
-def _positions(shift: Tensor, count: Tensor, num_edges: int) -> Tensor:
-    r"""The positions in the graph's CSR arrays of a piece's edges that lie
-    in one run a row: edge :math:`j` of the piece at :math:`j +
-    \mathrm{shift}_r` (:attr:`Piece.shift`), in :obj:`shift`'s dtype."""
-    at = torch.repeat_interleave(shift, count, output_size=num_edges)
-    return at.add_(torch.arange(num_edges, dtype=at.dtype, device=at.device))
-
-
 def materialise(piece: Piece, graph, backward: bool = False) -> Piece:
     r""":obj:`piece` with its ``graph``: a compact CSR piece's columns and
     values selected from :obj:`graph` (the one it was cut from), for as long
@@ -179,7 +173,7 @@ def materialise(piece: Piece, graph, backward: bool = False) -> Piece:
     if piece.graph is not None:
         return piece
     at = piece.position if piece.shift is None else \
-        _positions(piece.shift, piece.count, piece.num_edges)
+        run_positions(piece.shift, piece.count, piece.num_edges)
     adj = csr_tensor(piece.ptr, graph.col_indices().index_select(0, at).sub_(piece.sources.start),
                      graph.values().index_select(0, at),
                      (piece.ptr.numel() - 1, piece.num_rows))

@@ -75,7 +75,7 @@ from pyg_dist.nn.conv.gcn_conv import whole_graph_norm
 from pyg_dist.nn.norm import NORMS
 from pyg_dist.nn.spec import layer_names, spec_of
 from pyg_dist.utils import csr_tensor
-from pyg_dist.utils.sparse import valid_sparse
+from pyg_dist.utils.sparse import run_positions, valid_sparse
 
 #: Aggregations whose backward is a scaled transposed product (see _Aggregate).
 SCALED = ("sum", "add", "mean")
@@ -319,9 +319,7 @@ class Schedule:
         new_crow = torch.zeros(n + 1, dtype=crow.dtype, device=crow.device)
         new_crow[1:] = deg.cumsum(0)
         total = int(new_crow[-1])
-        starts = torch.repeat_interleave(crow[layer.order] - new_crow[:-1], deg,
-                                         output_size=total)
-        entry = starts + torch.arange(total, device=crow.device)
+        entry = run_positions(crow[layer.order] - new_crow[:-1], deg, total)
         old = col[entry]
         new_col = torch.where(old < n, below.position[old.clamp(max=max(n - 1, 0))],
                               old - n + below.num_rows)

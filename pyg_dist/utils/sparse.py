@@ -47,13 +47,21 @@ def row_pointers(row: Tensor, num_rows: int) -> Tensor:
     return crow
 
 
+def run_positions(shift: Tensor, count: Tensor, total: int) -> Tensor:
+    r"""The positions of runs of entries laid end to end: run :math:`r`
+    holds ``count[r]`` entries, and entry :math:`j` (numbered over all
+    runs, :obj:`total` of them) of run :math:`r` sits at :math:`j +
+    \mathrm{shift}_r`; in :obj:`shift`'s dtype. :obj:`total` spares
+    ``repeat_interleave`` sizing its output again."""
+    at = torch.repeat_interleave(shift, count, output_size=total)
+    return at.add_(torch.arange(total, dtype=at.dtype, device=at.device))
+
+
 def gather_neighbours(rowptr: Tensor, col: Tensor, nodes: Tensor) -> Tensor:
     r"""``col`` entries of the CSR rows :obj:`nodes`, concatenated."""
     deg = rowptr[nodes + 1] - rowptr[nodes]
-    total = int(deg.sum())  # output_size: repeat_interleave need not sync/size again
-    starts = torch.repeat_interleave(rowptr[nodes] - (torch.cumsum(deg, 0) - deg), deg,
-                                     output_size=total)
-    return col[starts + torch.arange(total)].long()  # col may be uint32 (mapped ParHIP)
+    at = run_positions(rowptr[nodes] - (torch.cumsum(deg, 0) - deg), deg, int(deg.sum()))
+    return col[at].long()  # col may be uint32 (mapped ParHIP)
 
 
 def distinct(key: np.ndarray) -> np.ndarray:
