@@ -4,6 +4,7 @@ uninterrupted run would have had."""
 import os
 import os.path as osp
 import random
+import secrets
 import shutil
 import zlib
 from typing import Any, Callable, Dict, Optional
@@ -30,11 +31,18 @@ class Checkpointer:
       after epoch :math:`E` (model, optimiser, RNG, sampler, cache and
       loader state, the metrics so far), written to a temporary file and
       renamed, so a file is whole or absent, and described by
-      ``rank_{r}.pt.json`` (size and checksum, verified on load; a file
-      without its sidecar is refused);
+      ``rank_{r}.pt.json`` (size and checksum, verified on load, and the
+      rank and run that wrote it; a file without its sidecar is refused);
     * ``latest.json``: the last epoch *every* rank wrote (rank 0 writes it
-      after a barrier), and what the run must match to resume from it
+      after a barrier), the run's id (drawn at its first checkpoint, kept
+      by its resumptions) and what the run must match to resume from it
       (:obj:`identity`: world size, graph, hyper-parameters).
+
+    A rank's file is read only where its sidecar names that rank and the
+    run ``latest.json`` names: another rank's pair, or a pair of another
+    run at the same epoch, copied in its place is refused before any rank
+    starts (each rank's state is its own: its sampler's and loader's
+    draws, its cache, its random streams).
 
     Older epochs are removed once a newer one is complete, so a crash while
     writing leaves the previous checkpoint in place. Files are read with
@@ -48,6 +56,7 @@ class Checkpointer:
         self.upgrade = upgrade  # reads the identity an older release wrote
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+        self.run: Optional[str] = None  # drawn at the first save, or the resumed run's
 
     def due(self, epoch: int, last_epoch: int) -> bool:
         return self.every > 0 and (epoch % self.every == 0 or epoch == last_epoch)
@@ -57,19 +66,30 @@ class Checkpointer:
 
     def save(self, epoch: int, state: Dict[str, Any]) -> None:
         r"""Every rank saves its :obj:`state` after :obj:`epoch` (a collective)."""
+        if self.run is None:
+            self.run = self._new_run()
         folder = self._epoch_dir(epoch)
         os.makedirs(folder, exist_ok=True)
         path = osp.join(folder, f"rank_{self.rank}.pt")
-        save_json(save_checked({"epoch": epoch, **state}, path), path + ".json")
+        described = save_checked({"epoch": epoch, "rank": self.rank, **state}, path)
+        save_json({**described, "rank": self.rank, "run": self.run}, path + ".json")
         if self.world_size > 1:
             dist.barrier()  # every rank's file is complete before latest.json names it
         if self.rank == 0:
-            save_json({"epoch": epoch, **self.identity}, osp.join(self.directory, LATEST))
+            save_json({"epoch": epoch, "run": self.run, **self.identity},
+                      osp.join(self.directory, LATEST))
             for name in os.listdir(self.directory):
                 if name.startswith("epoch_") and name != osp.basename(folder):
                     shutil.rmtree(osp.join(self.directory, name), ignore_errors=True)
         if self.world_size > 1:
             dist.barrier()  # nobody reads latest.json before it names this epoch
+
+    def _new_run(self) -> str:
+        r"""A fresh run id, rank 0's, known to every rank."""
+        run = [secrets.token_hex(8)]
+        if self.world_size > 1:
+            dist.broadcast_object_list(run, src=0)
+        return run[0]
 
     def latest(self) -> Dict[str, Any]:
         r"""``latest.json``: the epoch of the latest complete checkpoint,
@@ -86,6 +106,10 @@ class Checkpointer:
             raise CheckpointError(str(e)) from e
         if not isinstance(meta, dict) or not isinstance(meta.get("epoch"), int):
             raise CheckpointError(f"'{latest}' is corrupt: it names no epoch")
+        if not isinstance(meta.get("run"), str):
+            raise CheckpointError(f"'{latest}' names no run (written by an older "
+                                  f"pyg_dist, or altered): its rank files cannot be "
+                                  f"told from another run's; train again")
         if self.upgrade is not None:
             meta = self.upgrade(meta)
         differ = {k: (meta.get(k), v) for k, v in self.identity.items() if meta.get(k) != v}
@@ -99,10 +123,12 @@ class Checkpointer:
     def rank_file(self, epoch: int, rank: int) -> str:
         return osp.join(self._epoch_dir(epoch), f"rank_{rank}.pt")
 
-    def described(self, epoch: int, rank: int) -> Dict[str, int]:
+    def described(self, epoch: int, rank: int, run: str) -> Dict[str, int]:
         r"""The size and checksum the sidecar ``rank_{r}.pt.json`` records
         for rank :obj:`rank`'s file of :obj:`epoch`; a missing file or
-        sidecar is refused (a file that cannot be checked is never read)."""
+        sidecar is refused (a file that cannot be checked is never read),
+        and so is a sidecar that names another rank or another run than
+        :obj:`run` (``latest.json``'s)."""
         path = self.rank_file(epoch, rank)
         if not osp.exists(path):
             raise CheckpointError(f"Checkpoint file '{path}' is missing "
@@ -117,13 +143,22 @@ class Checkpointer:
         if not isinstance(described, dict) or not all(
                 isinstance(described.get(k), int) for k in ("bytes", "sum64")):
             raise CheckpointError(f"'{path}.json' is corrupt: it describes no file")
-        return described
+        if described.get("rank") != rank:
+            raise CheckpointError(f"'{path}' is rank {described.get('rank')}'s checkpoint "
+                                  f"(its sidecar says so), not rank {rank}'s: copy each "
+                                  f"rank's own pair of files back")
+        if described.get("run") != run:
+            raise CheckpointError(f"'{path}' belongs to another run than '{LATEST}' names "
+                                  f"(its sidecar says run {described.get('run')!r}, "
+                                  f"{LATEST} {run!r}): copy the run's own files back")
+        return {k: described[k] for k in ("bytes", "sum64")}
 
-    def verify(self, epoch: int, rank: int) -> None:
-        r"""Checks rank :obj:`rank`'s file of :obj:`epoch` against its
-        sidecar without unpickling it (what the launcher does before any
-        rank starts)."""
-        described = self.described(epoch, rank)
+    def verify(self, latest: Dict[str, Any], rank: int) -> None:
+        r"""Checks rank :obj:`rank`'s file of the checkpoint :obj:`latest`
+        (:meth:`latest`) against its sidecar without unpickling it (what
+        the launcher does before any rank starts)."""
+        epoch = latest["epoch"]
+        described = self.described(epoch, rank, latest["run"])
         try:
             verify(self.rank_file(epoch, rank), described)
         except (OSError, RuntimeError) as e:
@@ -144,13 +179,17 @@ class Checkpointer:
                                       f"{-int(epochs[1])} to {int(epochs[0])}): is "
                                       f"'{self.directory}' the same directory on every node?")
         path = self.rank_file(meta["epoch"], self.rank)
-        described = self.described(meta["epoch"], self.rank)
+        described = self.described(meta["epoch"], self.rank, meta["run"])
         try:
             state = load_checked(path, described)
         except (OSError, RuntimeError) as e:
             raise CheckpointError(str(e)) from e
         if not isinstance(state, dict) or state.get("epoch") != meta["epoch"]:
             raise CheckpointError(f"'{path}' is not the checkpoint of epoch {meta['epoch']}")
+        if state.get("rank") != self.rank:
+            raise CheckpointError(f"'{path}' is rank {state.get('rank')}'s checkpoint, not "
+                                  f"rank {self.rank}'s")
+        self.run = meta["run"]  # the resumed run's later checkpoints keep its id
         return state
 
 

@@ -261,6 +261,7 @@ def _partition_folder(args: argparse.Namespace) -> None:
         folder = converted
     book = partition_folder(folder, args.num_parts, args.root, args.method or "kaminpar",
                             args.objective, seed=args.seed, progress=True,
+                            num_classes=args.num_classes,
                             partitioner_degree=args.partitioner_degree or None)
     print(book.summary())
     print(f"wrote {args.num_parts} partitions to {args.root}")
@@ -291,7 +292,8 @@ def cmd_partition(args: argparse.Namespace) -> None:
     book = partition_graph(data, args.num_parts, method=args.method or "metis",
                            block_hops=args.block_hops,
                            objective=args.objective, root=args.root, seed=args.seed,
-                           inductive=args.inductive, progress=True)
+                           inductive=args.inductive, progress=True,
+                           num_classes=args.num_classes)
     print(book.summary())
     print(f"wrote {args.num_parts} partitions to {args.root}")
     if args.num_batches:
@@ -475,6 +477,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--inductive", action="store_true",
                    help="also write the parts of the train nodes' subgraph "
                         "(for train --inductive)")
+    p.add_argument("--num-classes", type=_positive(int, "--num-classes"), default=None,
+                   help="the classes the labels' ids range over (default: the largest "
+                        "label + 1, or a graph folder's graph.json; refused where most "
+                        "ids below it have no labelled node)")
     p.add_argument("--num-batches", type=int, default=0,
                    help="also split the training nodes into this many CM-GCN cohesive "
                         "mini-batches (for train --loader cohesive)")

@@ -59,7 +59,7 @@ def predict(model: torch.nn.Module, root: str, out_dir: Optional[str] = None,
     layers = [m for m in twin.modules() if isinstance(m, MessagePassing)]
     bar = tqdm(total=len(layers), desc="predict", unit="layer",
                disable=not progress or rank != 0)
-    hooks = [m.register_forward_hook(lambda *_: bar.update()) for m in layers]
+    hooks = [m.register_forward_hook(_advancing(bar)) for m in layers]
     out = twin(data.x, data.adj_t)
     for hook in hooks:
         hook.remove()
@@ -94,6 +94,15 @@ def predict(model: torch.nn.Module, root: str, out_dir: Optional[str] = None,
     for ids, rows in parts:
         result[ids] = rows
     return result
+
+
+def _advancing(bar: tqdm):
+    r"""A forward hook that advances :obj:`bar` and returns ``None``: a hook
+    that returns a value replaces the layer's output, and tqdm's
+    :meth:`update` returns ``True`` whenever it redraws."""
+    def hook(*_) -> None:
+        bar.update()
+    return hook
 
 
 def prediction_files(out_dir: str) -> List[str]:

@@ -147,7 +147,7 @@ def check_training(root: str, config, out_dir: Optional[str] = None,
     on the partitions in :obj:`root` into :obj:`out_dir` with :obj:`nproc`
     local ranks (see the module)."""
     from pyg_dist.loader.cohesive.loader import load_batches
-    from pyg_dist.train import claim_out_dir, require_training_nodes, train_graph_root
+    from pyg_dist.train import claim_out_dir, require_labelled_training_nodes, train_graph_root
     problems = _Problems()
     meta = problems.check(read_meta, root)
     if meta is not None:
@@ -162,7 +162,7 @@ def check_training(root: str, config, out_dir: Optional[str] = None,
         if config.loader == "cohesive":
             problems.check(load_batches, root)  # small: its contents are checked too
             check_batch_parts(root, meta, ranks, problems)
-        problems.check(require_training_nodes, root, meta)
+        problems.check(require_labelled_training_nodes, root, meta)
         if config.resume:
             _check_resume(root, config, out_dir, world, ranks, problems)
     if out_dir is not None:
@@ -191,7 +191,7 @@ def _check_resume(root: str, config, out_dir: Optional[str], world: int,
                         f"{latest['epoch']}: --epochs {config.epochs} would train nothing "
                         f"(give more epochs)")
     for rank in ranks:
-        problems.check(checkpoints.verify, latest["epoch"], rank)
+        problems.check(checkpoints.verify, latest, rank)
 
 
 def check_prediction(root: str, model_dir: str, out_dir: Optional[str],

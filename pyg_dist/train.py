@@ -27,7 +27,7 @@ from pyg_dist.config import (MODELS, TrainConfig, build_model, model_layer,  # n
                              num_classes_of, upgrade)
 from pyg_dist.data import DistData
 from pyg_dist.distributed import device as default_device
-from pyg_dist.distributed import init, max_over_ranks, stop_requested
+from pyg_dist.distributed import init, stop_requested
 from pyg_dist.integrity import CorruptFileError, load_checked, read_json
 from pyg_dist.loader import LOADERS, Loader, LoaderInputs, TrainBatch, build_loader
 from pyg_dist.loader import loader_options
@@ -71,7 +71,7 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
                       f"setting): every step faults in 4 KiB pages. Set {THP_ENV}=1 in the "
                       f"ranks' environment (e.g. torchrun's) before torch starts.",
                       stacklevel=2)
-    require_training_nodes(root, read_meta(root))
+    require_labelled_training_nodes(root, read_meta(root))
     old_run = claim_out_dir(out_dir, config)
     rank, world = dist.get_rank(), dist.get_world_size()
     device = default_device()
@@ -83,8 +83,9 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     data = _load_partition(root, rank, data_device)
     eval_data = data if device.type == "cpu" or loader_class.distributed else \
         copy.copy(data).to(device)  # Data.to moves in place: the loader keeps the CPU rows
-    num_classes = int(max_over_ranks(torch.tensor([num_classes_of(data.y)],
-                                                  device=device))[0])
+    # The classes the partitioning checked and recorded: the largest label + 1,
+    # or a declared label space (whose last classes may have no node).
+    num_classes = read_meta(root)["num_classes"]
     model = build_model(config, data.num_features, num_classes).to(device)
     if not loader_class.distributed:  # a plain model: its layers project first where cheaper
         project_first(model)
@@ -109,6 +110,10 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
         + ("" if config.loader == "full" else f" ({config.loader})"), stateful, resumed)
     run = _Run(model, evaluator, eval_data, loader, ctx, stats, optimizer, params, config,
                world, device, data.num_halo)
+    if run.reducer is not None:  # its bucket order decides the sums' last bits
+        stateful["reducer"] = run.reducer
+        if resumed is not None and "reducer" in resumed:  # older checkpoints have none
+            run.reducer.load_state_dict(resumed["reducer"])
     if config.loader == "full":  # every epoch reads all of it: in the baseline, as documented
         read_mapped_pages(data.x)
     run.baseline = baseline_memory_metrics(device)
@@ -404,12 +409,23 @@ def _broadcast_params(model: torch.nn.Module) -> None:
         p.copy_(v)
 
 
-def require_training_nodes(root: str, meta: Dict[str, Any]) -> None:
+def require_labelled_training_nodes(root: str, meta: Dict[str, Any]) -> None:
     r"""Refuses a partitioning (``meta.json`` :obj:`meta` of :obj:`root`)
-    without training nodes: its loss would be 0 and its model untrained."""
+    without training nodes (its loss would be 0 and its model untrained)
+    or without labels (partitioned from a graph without ``y``: its labels
+    were checked at partition time where it had them)."""
+    path = osp.join(root, 'meta.json')
     if sum(s.get("num_train", 0) for s in meta.get("parts", [])) == 0:
-        raise ValueError(f"'{osp.join(root, 'meta.json')}': the graph has no training node "
-                         f"(its train_mask is empty): nothing to train on")
+        raise ValueError(f"'{path}': the graph has no training node (its train_mask is "
+                         f"empty): nothing to train on")
+    classes = meta.get("num_classes")
+    if classes is None:
+        raise ValueError(f"'{path}': the graph has no labels (its folder had no y.npy, or "
+                         f"its Data no y): training needs them; add them and partition "
+                         f"again")
+    if not isinstance(classes, int) or classes < 1:
+        raise ValueError(f"'{path}' is corrupt: its num_classes is {classes!r}, not a "
+                         f"count of classes")
 
 
 # What a run writes into its out_dir (and --overwrite removes).

@@ -46,7 +46,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from pyg_dist.integrity import Sum64, save_checked
+from pyg_dist.integrity import Sum64, read_json, save_checked
+from pyg_dist.labels import label_classes
 from pyg_dist.partition.book import (FORMAT_VERSION, META_FILE, PartitionBook, edges_file,
                                      features_file, owner_of, part_file, partitioning_id,
                                      versions)
@@ -118,6 +119,25 @@ class GraphFolder:
                    self.dst.read(start, start + size).astype(np.int64, copy=False))
 
 
+def _label_classes(graph: GraphFolder, num_classes: Optional[int]) -> Optional[int]:
+    r"""The classes of the folder's labels, checked before any work
+    (:func:`~pyg_dist.labels.label_classes`); declared by :obj:`num_classes`
+    or else by ``graph.json``'s ``num_classes`` where it has one (as
+    ``pyg-dist rmat`` writes it). ``None`` for a folder without ``y.npy``."""
+    if graph.y is None:
+        if num_classes is not None:
+            raise GraphFileError(f"num_classes={num_classes} was given, but "
+                                 f"'{graph.path('y')}' does not exist")
+        return None
+    described = osp.join(graph.folder, "graph.json")
+    if num_classes is None and osp.exists(described):
+        declared = read_json(described)
+        if isinstance(declared, dict) and isinstance(declared.get("num_classes"), int):
+            num_classes = declared["num_classes"]
+    return label_classes(graph.y.read(), {k: m.read() for k, m in graph.masks.items()},
+                         f"'{graph.path('y')}'", num_classes)
+
+
 def scan_edges(graph: GraphFolder, chunk: int) -> Tuple[str, np.ndarray, np.ndarray]:
     r"""One pass over the edges: ids in range (else one line naming the
     file), the graph hash (equal to :func:`~pyg_dist.partition.graph_hash`
@@ -152,6 +172,7 @@ def partition_folder(
     chunk_edges: int = CHUNK_EDGES,
     bucket_entries: int = 1 << 25,
     partitioner_degree: Optional[float] = PARTITIONER_DEGREE,
+    num_classes: Optional[int] = None,
 ) -> PartitionBook:
     r"""Partitions the graph folder :obj:`folder` (see the module) into
     :obj:`num_parts` parts written to :obj:`root`, in memory bounded by the
@@ -188,6 +209,7 @@ def partition_folder(
     if not isinstance(num_parts, int) or not 1 <= num_parts <= graph.num_nodes:
         raise ValueError(f"num_parts must be an integer in [1, {graph.num_nodes}] (the "
                          f"nodes of '{folder}'), got {num_parts!r}")
+    num_classes = _label_classes(graph, num_classes)
     runs_partitioner = method != "random" and num_parts > 1
     names = ["check edges", *(["partitioner input", method] if runs_partitioner else []),
              "edges to parts", "part files", "features"]
@@ -235,7 +257,6 @@ def partition_folder(
         shutil.rmtree(work, ignore_errors=True)
         steps.close()
 
-    y = graph.y.read() if graph.y is not None else None
     mask_counts = {key: sum(stat[key] for stat in part_stats)  # each part's, summed
                    for key in (f"num_{k.split('_')[0]}" for k in MASKS if k in graph.masks)}
     book.meta = {
@@ -246,8 +267,7 @@ def partition_folder(
         "balance": list(balance), "seed": seed, "block_hops": None,
         "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
         "num_features": int(graph.x.shape[1]),
-        "num_classes": None if y is None else (int(y.shape[1]) if y.ndim > 1
-                                               else int(y.max()) + 1),
+        "num_classes": num_classes,
         "partitioner_input": partitioner_input,
         "edge_cut": edge_cut, "edge_cut_ratio": edge_cut / max(graph.num_edges, 1),
         "comm_volume": comm_volume,

@@ -9,6 +9,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from pyg_dist.integrity import save_checked
+from pyg_dist.labels import LABELLED, label_classes
 from pyg_dist.partition.book import (FORMAT_VERSION, PartitionBook, owner_of, part_file,
                                      partitioning_id, versions)
 from pyg_dist.partition.block import block_assignment
@@ -67,6 +68,7 @@ def partition_graph(
     block_hops: int = 2,
     inductive: bool = False,
     progress: bool = False,
+    num_classes: Optional[int] = None,
 ) -> PartitionBook:
     r"""Partitions :obj:`data` into :obj:`num_parts` parts for
     partition-parallel training and, if :obj:`root` is given, writes
@@ -107,6 +109,12 @@ def partition_graph(
     only. The result is deterministic for a :obj:`seed` (KaMinPar's may vary
     from run to run: ``book.pt`` records the one written). :obj:`progress`
     shows a bar over the steps (assignment, parts, files).
+
+    Labels are checked before any work (:func:`~pyg_dist.labels.label_classes`):
+    integer class ids in :math:`[0, C)` on every node of the train,
+    validation and test masks (or a 0/1 multi-hot matrix), with :math:`C`
+    :obj:`num_classes` where given, else the largest class id plus one;
+    ``meta.json`` records :math:`C` (``None`` for a graph without labels).
     """
     if isinstance(data, (str, os.PathLike)):
         if root is None or inductive:
@@ -114,12 +122,19 @@ def partition_graph(
                              "(and no inductive, which needs the graph in memory)")
         from pyg_dist.partition.from_disk import partition_folder
         return partition_folder(os.fspath(data), num_parts, root, method or "kaminpar",
-                                objective, balance, seed, progress)
+                                objective, balance, seed, progress, num_classes=num_classes)
     method = method or "metis"
     balance = DEFAULT_BALANCE if balance is None else tuple(balance)
     _validate(data, num_parts, method, objective, balance)
     if inductive and (root is None or getattr(data, "train_mask", None) is None):
         raise ValueError("inductive partitions need a root and a train_mask")
+    y = getattr(data, "y", None)
+    if y is not None:
+        num_classes = label_classes(y, {k: getattr(data, k, None) for k in LABELLED},
+                                    "the graph's y", num_classes)
+    elif num_classes is not None:
+        raise ValueError(f"num_classes={num_classes} was given, but the graph has no labels "
+                         f"(data.y)")
     num_nodes, edge_index = data.num_nodes, data.edge_index
     from tqdm import tqdm
     bar = tqdm(total=2 + inductive, desc=f"partition ({method})", unit="step",
@@ -146,7 +161,8 @@ def partition_graph(
 
     settings = {"method": method, "objective": objective if method == "metis" else None,
                 "balance": list(balance), "seed": seed,
-                "block_hops": block_hops if method == "block" else None}
+                "block_hops": block_hops if method == "block" else None,
+                "num_classes": num_classes}
     if inductive:
         train = data.train_mask.view(-1).bool()
         bar.set_postfix_str("train-node subgraph")
@@ -163,7 +179,8 @@ def partition_graph(
 def write_parts(data: Data, assignment: Tensor, num_parts: int, settings: Dict[str, Any],
                 root: Optional[str]) -> PartitionBook:
     r"""Builds the parts of :obj:`assignment` and their book, and writes them
-    to :obj:`root` if given (``settings``: how the assignment was made)."""
+    to :obj:`root` if given (``settings``: how the assignment was made, and
+    the number of classes of the checked labels)."""
     edge_index, num_nodes = data.edge_index, data.num_nodes
     parts, part_stats, halos, partptr, perm = build_parts(data, assignment, num_parts)
     ghash = graph_hash(data)
@@ -173,17 +190,12 @@ def write_parts(data: Data, assignment: Tensor, num_parts: int, settings: Dict[s
     masks = {k: getattr(data, k) for k in DEFAULT_BALANCE if getattr(data, k, None) is not None}
 
     edge_cut = int((assignment[edge_index[0]] != assignment[edge_index[1]]).sum())
-    y = getattr(data, "y", None)
-    num_classes = None
-    if y is not None:
-        num_classes = int(y.size(1)) if y.dim() > 1 else int(y.max()) + 1
     meta: Dict[str, Any] = {
         "format_version": FORMAT_VERSION, "graph_hash": ghash,
         "partitioning_id": partitioning,
         "num_parts": num_parts, **settings,
         "num_nodes": num_nodes, "num_edges": int(edge_index.size(1)),
         "num_features": int(data.x.size(1)) if data.x is not None else 0,
-        "num_classes": num_classes,
         "edge_cut": edge_cut,
         "edge_cut_ratio": edge_cut / max(edge_index.size(1), 1),
         "comm_volume": int(sum(h.numel() for h in halos)),

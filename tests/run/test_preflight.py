@@ -1,6 +1,7 @@
 """Everything the launcher can check is checked before any rank starts:
 ``pyg-dist train`` and ``pyg-dist predict`` refuse a bad file, world size,
 folder or model in one line naming it, and leave earlier results whole."""
+import dataclasses
 import functools
 import json
 import os
@@ -288,3 +289,26 @@ def test_predictions_of_another_run_are_never_mixed(parts, one_part, model_dir, 
                    (model, parts, pred), timeout=60)
     assert sorted(os.listdir(pred)) == ["pred_0.pt", "pred_1.pt", "pred_backup.pt",
                                         "predictions.json"]
+
+
+@pytest.mark.parametrize("swap", ["other rank", "other run"])
+def test_a_checkpoint_pair_of_another_rank_or_run_is_refused(parts, tmp_path, capsys, swap):
+    r"""Each rank's checkpoint is its own (its sampler's draws, its cache, its
+    random streams): rank 1's pair replaced by rank 0's of the same run and
+    epoch, or by rank 1's of another run at the same epoch, whole and
+    matching their sidecars, is refused before any rank starts."""
+    config = TrainConfig(hidden=8, epochs=1, progress=False, checkpoint_every=1)
+    runs = [str(tmp_path / "run"), str(tmp_path / "twin")]
+    for out in runs[:1 + (swap == "other run")]:
+        pyg_dist.spawn(train, 2, (parts, config, out), timeout=60)
+    mine = osp.join(runs[0], "checkpoint", "epoch_1", "rank_1.pt")
+    theirs = (osp.join(runs[0], "checkpoint", "epoch_1", "rank_0.pt") if swap == "other rank"
+              else osp.join(runs[1], "checkpoint", "epoch_1", "rank_1.pt"))
+    for suffix in ("", ".json"):
+        shutil.copy(theirs + suffix, mine + suffix)
+    err = _refused(capsys, "train", ["--root", parts, "--out", runs[0], *TRAIN, "--epochs", "2",
+                                     "--checkpoint-every", "1", "--resume"], mine)
+    assert ("rank 0's checkpoint" if swap == "other rank" else "another run") in err
+    with pytest.raises(RuntimeError, match="rank 0's checkpoint|another run"):
+        pyg_dist.spawn(train, 2, (parts, dataclasses.replace(config, epochs=2, resume=True),
+                                  runs[0]), timeout=60)
