@@ -3,6 +3,7 @@ import inspect
 from typing import Optional, Union
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch_geometric.nn.conv import MessagePassing
 
@@ -120,7 +121,8 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
     if not layers:
         raise ValueError(f"'{type(model).__name__}' contains no MessagePassing "
                          f"layer to distribute")
-    check_model(model)
+    _check_partition(data, group)
+    check_model(model, getattr(data, "num_global_nodes", None))
     exchange = get_exchange(exchange)
     if exchange.piecewise:
         sequential.check_model(model, exchange)
@@ -199,6 +201,18 @@ def _precomputed_propagate(module: MessagePassing, edge_index, size=None, **kwar
 
 #: What a layer without a spec (a user's) is taken to be: it propagates.
 _USERS = LayerSpec("a user's layer")
+
+
+def _check_partition(data: DistData, group) -> None:
+    r"""Refuses another rank's partition, or one of another world size:
+    its plan would send and receive rows its peers do not expect."""
+    if not dist.is_initialized() or "rank" not in data:
+        return  # the context's set-up says what is missing
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if (data.rank, data.num_parts) != (rank, world):
+        raise ValueError(f"distribute() was given partition {data.rank} of "
+                         f"{data.num_parts}, but this is rank {rank} of {world}: load "
+                         f"this rank's own (DistData.load(root, dist.get_rank()))")
 
 
 def _convert(module: MessagePassing, name: str, ctx: HaloContext) -> None:

@@ -83,11 +83,43 @@ def refusal(module: torch.nn.Module) -> Optional[str]:
     return None
 
 
-def check_model(model: torch.nn.Module) -> None:
+def per_node_refusal(module: torch.nn.Module, num_nodes: int) -> Optional[str]:
+    r"""Why :obj:`module` holds state per node of a graph of :obj:`num_nodes`
+    nodes (``None``: it does not): an embedding table with one row per node,
+    or a parameter or buffer of a module of the user's own with that many
+    rows. Under distribute() a rank's rows are its own nodes in partition
+    order, so such a table indexed by row position reads other nodes' rows
+    (and one indexed by original id would train every rank's copy apart)."""
+    if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+        if module.num_embeddings == num_nodes:
+            return (f"{num_nodes} embeddings, one per node of the graph: per-node "
+                    f"state is not distributed (a rank's rows are its own nodes in "
+                    f"partition order); give node embeddings as input features (x)")
+        return None
+    if type(module).__module__.startswith(("torch.", "torch_geometric.")):
+        return None  # their tensors are weights over features, not nodes
+    for name, tensor in [*module.named_parameters(recurse=False),
+                         *module.named_buffers(recurse=False)]:
+        if tensor.dim() >= 1 and tensor.size(0) == num_nodes:
+            return (f"'{name}' has {num_nodes} rows, one per node of the graph: per-node "
+                    f"state is not distributed (a rank's rows are its own nodes in "
+                    f"partition order); give it as input features (x)")
+    return None
+
+
+def check_model(model: torch.nn.Module, num_nodes: Optional[int] = None) -> None:
     r"""Raises :class:`NotImplementedError` naming every module of
-    :obj:`model` that :func:`refusal` refuses, with its path and reason."""
-    refused = [f"'{path or type(model).__name__}' ({type(m).__name__}): {why}"
-               for path, m in model.named_modules() if (why := refusal(m)) is not None]
+    :obj:`model` that :func:`refusal` refuses, or that holds per-node state
+    of a graph of :obj:`num_nodes` nodes (:func:`per_node_refusal`), with
+    its path and reason."""
+    def why(module: torch.nn.Module) -> Optional[str]:
+        reason = refusal(module)
+        if reason is None and num_nodes is not None:
+            reason = per_node_refusal(module, num_nodes)
+        return reason
+
+    refused = [f"'{path or type(model).__name__}' ({type(m).__name__}): {reason}"
+               for path, m in model.named_modules() if (reason := why(m)) is not None]
     if refused:
         raise NotImplementedError(
             "pyg_dist cannot distribute this model exactly:\n  " + "\n  ".join(refused))
