@@ -132,8 +132,9 @@ def _add_component_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--feature-cache", choices=POLICIES, default=None,
                    help="keep input features of halo nodes (PSC-GCN: inclusion; "
                         "--loader neighbor: degree, the hottest remote rows)")
-    g.add_argument("--feature-cache-capacity", default="25%",
-                   help="rows, a share of halo rows (25%%) or a size (8MB)")
+    g.add_argument("--feature-cache-capacity", default=None,
+                   help="--feature-cache: rows, a share of halo rows (default 25%%) or a "
+                        "size (8MB)")
 
 
 def _parsed(parse):
@@ -180,6 +181,9 @@ def _component_args(args: argparse.Namespace, argv: List[str]) -> dict:
 
 def _config(args: argparse.Namespace, argv: List[str]):
     from pyg_dist.config import TrainConfig
+    if args.feature_cache_capacity is not None and args.feature_cache is None:
+        raise SystemExit("pyg-dist train: error: --feature-cache-capacity sizes a feature "
+                         "cache: give --feature-cache too")
     return TrainConfig(model=args.model, num_layers=args.num_layers, hidden=args.hidden,
                        heads=args.heads, dropout=args.dropout, lr=args.lr,
                        weight_decay=args.weight_decay, epochs=args.epochs,
@@ -190,7 +194,8 @@ def _config(args: argparse.Namespace, argv: List[str]):
                        exchange_dtype=args.exchange_dtype, malloc=args.malloc,
                        exchange=args.exchange, clip_grad=args.clip_grad,
                        feature_cache=args.feature_cache,
-                       feature_cache_capacity=args.feature_cache_capacity,
+                       feature_cache_capacity=(args.feature_cache_capacity
+                                               or TrainConfig.feature_cache_capacity),
                        overlap={None: False, "layers": True}.get(args.overlap, args.overlap),
                        inductive=args.inductive,
                        checkpoint_every=args.checkpoint_every,

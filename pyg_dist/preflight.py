@@ -167,8 +167,10 @@ def check_training(root: str, config, out_dir: Optional[str] = None,
             _check_resume(root, config, out_dir, world, ranks, problems)
     if out_dir is not None:
         problems.add(writable_dir("--out", out_dir))
-    if config.checkpoint_every and config.checkpoint_dir:  # the default is inside --out
-        problems.add(writable_dir("--checkpoint-dir", config.checkpoint_dir))
+    if config.checkpoint_every:  # explicit, or inside --out (written as its run starts)
+        folder = config.checkpoint_dir or (osp.join(out_dir, "checkpoint") if out_dir else None)
+        if folder is not None and (config.checkpoint_dir or osp.exists(folder)):
+            problems.add(writable_dir("--checkpoint-dir", folder))
     if config.checkpoint_every and not config.resume and meta is not None:
         from pyg_dist.train import checkpointer
         problems.check(checkpointer, root, config, out_dir, 1)  # a folder to write to

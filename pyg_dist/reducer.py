@@ -23,9 +23,16 @@ match whatever the order the hooks fire in; a parameter that gets no
 gradient in a step counts as a zero gradient, its bucket launched at
 :meth:`~GradientReducer.wait`. The sum of each element is the one the flat
 all-reduce computes.
+
+Which bucket and position a gradient has decides the order in which the
+all-reduce adds the ranks' values (gloo's ring sums each chunk of a buffer
+starting at another rank), so with more than two ranks the bucket order
+changes the sums' last bits. It is part of a run's state
+(:meth:`~GradientReducer.state_dict`): a resumed run continues with the
+buckets of the run it resumes, not with those of a first step.
 """
 from contextlib import nullcontext
-from typing import List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -155,6 +162,24 @@ class GradientReducer:
             order = order.to(self.params[0].device)
         dist.broadcast(order, group=self.group, group_src=0)
         self._bucket(order.tolist())
+
+    def state_dict(self) -> Dict[str, Any]:
+        r"""The bucket order (every parameter's index, bucket after bucket)
+        and whether it is already the one rebuilt after the first step."""
+        order = [i for bucket in self.buckets for i in bucket]
+        return {"order": torch.tensor(order, dtype=torch.long),
+                "rebuilt": self._fired is None}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        r"""Buckets the parameters in the order of :meth:`state_dict` (the
+        buckets follow from it and :attr:`bucket_bytes`); a rebuilt order
+        is not rebuilt again."""
+        order = state["order"].tolist()
+        if sorted(order) != list(range(len(self.params))):
+            raise ValueError(f"The saved gradient bucket order ({len(order)} indices) is "
+                             f"not one of this model's {len(self.params)} parameters")
+        self._bucket(order)
+        self._fired = None if state["rebuilt"] else []
 
     def remove(self) -> None:
         r"""Removes the gradient hooks."""

@@ -112,7 +112,7 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
                world, device, data.num_halo)
     if run.reducer is not None:  # its bucket order decides the sums' last bits
         stateful["reducer"] = run.reducer
-        if resumed is not None and "reducer" in resumed:  # older checkpoints have none
+        if resumed is not None:
             run.reducer.load_state_dict(resumed["reducer"])
     if config.loader == "full":  # every epoch reads all of it: in the baseline, as documented
         read_mapped_pages(data.x)

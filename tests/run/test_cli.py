@@ -74,6 +74,8 @@ def test_partition_info_train(tmp_path, cli):
     (["--exchange", "broadcast", "--cache", "pipeline"], "cache='pipeline'"),
     (["--exchange", "broadcast", "--overlap"], "overlap=True"),
     (["--malloc", "tcmalloc"], "invalid choice"),
+    (["--feature-cache-capacity", "200%"], "sizes a feature cache: give --feature-cache"),
+    (["--loader", "neighbor", "--loader-workers", "0", "--fixed-depth"], "starts none"),
 ])
 def test_bad_hyper_parameters(tmp_path, args, message, capsys):
     from pyg_dist.cli import main  # in process: refused before any rank starts

@@ -312,3 +312,20 @@ def test_a_checkpoint_pair_of_another_rank_or_run_is_refused(parts, tmp_path, ca
     with pytest.raises(RuntimeError, match="rank 0's checkpoint|another run"):
         pyg_dist.spawn(train, 2, (parts, dataclasses.replace(config, epochs=2, resume=True),
                                   runs[0]), timeout=60)
+
+
+def test_a_read_only_checkpoint_folder_inside_out_is_refused(one_part, tmp_path, capsys):
+    r"""A resumed run writes its checkpoints into ``--out``'s ``checkpoint``
+    folder, which must be writable before any rank starts (an immutable
+    folder refuses even root)."""
+    out = str(tmp_path / "run")
+    train(one_part, TrainConfig(hidden=8, epochs=1, progress=False, checkpoint_every=1), out)
+    folder = osp.join(out, "checkpoint")
+    if subprocess.run(["chattr", "+i", folder], capture_output=True).returncode != 0:
+        pytest.skip("no chattr +i on this filesystem")
+    try:
+        _refused(capsys, "train", ["--root", one_part, "--out", out, *TRAIN, "--epochs", "2",
+                                   "--checkpoint-every", "1", "--resume"],
+                 f"--checkpoint-dir '{folder}' is not writable")
+    finally:
+        subprocess.run(["chattr", "-i", folder], check=True)

@@ -157,6 +157,10 @@ class PartitionNeighborLoader(Loader):
         if batch_size < 1 or workers < 0:
             raise ValueError(f"batch_size must be >= 1 and workers >= 0 "
                              f"(got {batch_size}, {workers})")
+        if not adaptive and workers == 0:
+            raise ValueError("adaptive=False (--fixed-depth) fixes how far the background "
+                             "workers sample ahead, and workers=0 (--loader-workers 0) "
+                             "starts none: choose one")
 
     @classmethod
     def composes_with(cls, config) -> bool:
