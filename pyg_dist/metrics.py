@@ -161,10 +161,13 @@ def correct_counts(out: Tensor, data) -> Dict[str, float]:
 
 def accuracies(counts: Optional[Dict[str, float]]) -> Dict[str, Optional[float]]:
     r"""``{train,val,test}_acc`` from summed :func:`correct_counts`
-    (``None`` in an epoch without evaluation)."""
+    (``None`` in an epoch without evaluation, and for an empty mask: an
+    accuracy of no node is no number, and a best validation accuracy must
+    not be chosen among zeros)."""
     if counts is None or f"{MASKS[0]}_hit" not in counts:
         return dict.fromkeys(f"{m}_acc" for m in MASKS)
-    return {f"{m}_acc": counts[f"{m}_hit"] / max(counts[f"{m}_of"], 1.0) for m in MASKS}
+    return {f"{m}_acc": counts[f"{m}_hit"] / counts[f"{m}_of"] if counts[f"{m}_of"] > 0
+            else None for m in MASKS}
 
 
 def peak_memory_metrics(peak: int, device) -> Dict[str, Any]:

@@ -318,11 +318,11 @@ class _Run:
             self.ctx.cache.step()
         if self.reducer is None:
             _step(self.params, self.optimizer, loss, epoch, self.world, self.stats,
-                  self.config.clip_grad)
+                  self.config.clip_grad, self.config.exchange_dtype)
         else:
             total, finite = self.reducer.wait()
             if not finite:
-                raise NonFiniteError(epoch, total)
+                raise NonFiniteError(epoch, total, self.config.exchange_dtype)
             self.optimizer.step()
         return loss.detach()
 
@@ -387,7 +387,8 @@ def clip_local_grads(params: List[Tensor], clip: float, world: int) -> float:
 
 
 def _step(params: List[Tensor], optimizer, loss: Tensor, epoch: int, world: int,
-          stats: CommStats, clip_grad: Optional[float] = None) -> None:
+          stats: CommStats, clip_grad: Optional[float] = None,
+          exchange_dtype: str = "fp32") -> None:
     r"""Sums the gradients over the ranks and steps, unless the loss or a
     gradient is not finite (:class:`NonFiniteError`, on every rank); with
     :obj:`clip_grad`, each rank clips its own gradient first
@@ -397,7 +398,7 @@ def _step(params: List[Tensor], optimizer, loss: Tensor, epoch: int, world: int,
     with stats.timer("reduce") if world > 1 else nullcontext():
         total, finite = _allreduce_grads(params, loss=loss)
     if not finite:
-        raise NonFiniteError(epoch, total)
+        raise NonFiniteError(epoch, total, exchange_dtype)
     optimizer.step()
 
 
@@ -464,12 +465,18 @@ def remove_old_run(out_dir: Optional[str], names: List[str]) -> None:
 class NonFiniteError(FloatingPointError):
     r"""The loss or a gradient is not finite: training stops before the
     optimiser step, so the parameters, the metrics and the last checkpoint
-    stay those of the last good epoch."""
+    stay those of the last good epoch. Under an fp16 exchange the hint
+    names its range first: a halo row or gradient above 65504 becomes inf
+    in transit."""
 
-    def __init__(self, epoch: int, loss: float) -> None:
+    def __init__(self, epoch: int, loss: float, exchange_dtype: str = "fp32") -> None:
+        hint = ("--exchange-dtype fp16 carries values up to 65504 only (larger halo rows "
+                "or gradients become inf): use bf16 (float32's range) or fp32, or lower "
+                "--lr or scale the input features" if exchange_dtype == "fp16" else
+                "Lower --lr or check the input features")
         super().__init__(f"epoch {epoch}: the loss ({loss}) or a gradient is not finite; "
                          f"stopped before the optimiser step (nothing of this epoch was "
-                         f"written). Lower --lr or check the input features")
+                         f"written). {hint}")
 
 
 def train_graph_root(root: str) -> str:
