@@ -198,30 +198,121 @@ def rank_threads(local_ranks: int) -> int:
     return max(1, available_cpus() // max(local_ranks, 1))
 
 
+class NoFreePortError(RuntimeError):
+    r"""No TCP port is free for the ranks' rendezvous."""
+
+
 def free_port() -> int:
+    r"""A TCP port of 127.0.0.1 that no socket holds now, picked by the
+    kernel from its ephemeral range; :class:`NoFreePortError` in one line
+    naming the range when every port of it is taken."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        try:
+            s.bind(("127.0.0.1", 0))
+        except OSError as e:
+            raise NoFreePortError(
+                f"no free TCP port on 127.0.0.1 for the ranks' rendezvous: {_port_range()} "
+                f"({e.strerror or e}); end what holds them or widen the range") from None
         return s.getsockname()[1]
 
 
-_stop = threading.Event()  # set by SIGTERM in a rank: stop after this epoch
+def _port_range() -> str:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = f.read().split()
+        return f"ports {low}-{high} (net.ipv4.ip_local_port_range) are all taken"
+    except (OSError, ValueError):  # not Linux
+        return "the ephemeral ports are all taken"
+
+
+#: The signals that ask a run to stop: a scheduler's preemption (SIGTERM),
+#: a closed terminal or SSH session (SIGHUP).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP")
+                     if hasattr(signal, name))
+
+_stop = threading.Event()  # set by a stop signal during training: stop after this epoch
+_stopping: Dict[str, Any] = {"signal": None, "at_epoch_end": False}
+
+
+class Interrupted(KeyboardInterrupt):
+    r"""A stop signal (:data:`STOP_SIGNALS`) arrived where there is no epoch
+    to finish: in a launcher before its ranks run, in a rank's set-up before
+    the first epoch, in prediction. Its message is the signal's name. A
+    :class:`KeyboardInterrupt`, so that no ``except Exception`` takes it
+    for an error of the code it interrupts."""
 
 
 def stop_requested() -> bool:
-    r"""Whether this rank was asked to stop (SIGTERM: a scheduler's
-    preemption, the launcher's Ctrl-C); training loops end the current
+    r"""Whether this rank was asked to stop during training's epochs (a
+    stop signal: a scheduler's preemption, a closed terminal, the
+    launcher's Ctrl-C forwarded as SIGTERM); training loops end the current
     epoch, checkpoint and stop."""
     return _stop.is_set()
 
 
-def stop_on_sigterm(leave_ctrl_c_to_launcher: bool = True) -> None:
-    r"""Makes SIGTERM request a stop (:func:`stop_requested`) instead of
-    killing this rank and, for a rank with a launcher (which forwards a
-    SIGTERM), ignores Ctrl-C; only in the main thread."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: _stop.set())
-        if leave_ctrl_c_to_launcher:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+def stop_signal() -> Optional[str]:
+    r"""The name of the signal that asked this process to stop (``None``:
+    none did since its stop signals were last handled)."""
+    return _stopping["signal"]
+
+
+def stop_at_epoch_end() -> None:
+    r"""From now on a stop signal only requests a stop (:func:`stop_requested`):
+    training's epoch loop calls this as it starts, then ends its epoch,
+    checkpoints and stops. Before, in a set-up that has nothing to finish or
+    keep, a stop signal raises :class:`Interrupted` at once, so that a rank
+    stops within seconds of it, however long its set-up."""
+    _stopping["at_epoch_end"] = True
+
+
+def _on_stop_signal(signum: int, frame) -> None:
+    name = signal.Signals(signum).name
+    first = _stopping["signal"] is None
+    _stopping["signal"] = _stopping["signal"] or name
+    _stop.set()
+    # Only the first: a rank may get the signal twice (sent to its process
+    # group, and forwarded by its launcher), the second while it reports.
+    if first and not _stopping["at_epoch_end"]:
+        raise Interrupted(name)
+
+
+def _handle_stop_signals(leave_ctrl_c_to_launcher: bool) -> Dict[int, Any]:
+    r"""Installs :func:`handling_stop_signals`' handlers, clears the stop
+    state and lets the stop signals in (a process that
+    :func:`starting_ranks` started holds them until now: one sent before
+    its handler existed arrives now). Returns the handlers it replaced."""
+    _stop.clear()
+    _stopping.update(signal=None, at_epoch_end=False)
+    previous = {signum: signal.signal(signum, _on_stop_signal) for signum in STOP_SIGNALS}
+    if leave_ctrl_c_to_launcher:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    return previous
+
+
+@contextmanager
+def handling_stop_signals(leave_ctrl_c_to_launcher: bool = False) -> Iterator[None]:
+    r"""While inside (main thread only; elsewhere nothing changes), a stop
+    signal (:data:`STOP_SIGNALS`) no longer kills this process without a
+    word: it raises :class:`Interrupted` naming it or, once training's
+    epochs run (:func:`stop_at_epoch_end`), requests a stop
+    (:func:`stop_requested`) that ends the run after its epoch. With
+    :obj:`leave_ctrl_c_to_launcher` (a rank whose launcher forwards Ctrl-C
+    as SIGTERM), Ctrl-C is ignored. The handlers and blocked signals of
+    before come back on leaving."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    previous = _handle_stop_signals(leave_ctrl_c_to_launcher)
+    try:
+        yield
+    finally:
+        _stopping["at_epoch_end"] = False  # what follows has no epoch to finish
+        for signum, handler in previous.items():
+            if handler is not None:  # None: not installed from Python, left as it is
+                signal.signal(signum, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -312,7 +403,7 @@ def _forkserver_context() -> Optional[Tuple[Any, int]]:
     ours = _forkserver.get("owner") == os.getpid()
     if server._forkserver_pid is not None and not ours:
         return None  # started by other code, or this process is a fork of its owner
-    with starting_ranks():  # what the forkserver inherits, its ranks inherit
+    with starting_ranks(hold_stop_signals=True):  # the forkserver's, its ranks inherit
         state = _start_state()
         if (ours and state != _forkserver["state"] and server._forkserver_pid == _forkserver["pid"]
                 and not _retire_forkserver(server)):
@@ -321,8 +412,12 @@ def _forkserver_context() -> Optional[Tuple[Any, int]]:
         forkserver.ensure_running()  # starts it, or a new one if it died or retired
     ctx, pid = torch.multiprocessing.get_context("forkserver"), server._forkserver_pid
     if not ours or _forkserver.get("pid") != pid:
-        _forkserver.update(owner=os.getpid(), pid=pid, state=state,
-                           fit=_forkserver_fit(ctx, pid))
+        try:
+            fit = _forkserver_fit(ctx, pid)
+        except BaseException:  # interrupted: it would outlive this process by its imports
+            os.kill(pid, signal.SIGKILL)
+            raise
+        _forkserver.update(owner=os.getpid(), pid=pid, state=state, fit=fit)
     return (ctx, pid) if _forkserver["fit"] and _forkserver["state"] == state else None
 
 
@@ -404,9 +499,12 @@ def _forkserver_fit(ctx, pid: int) -> bool:
 def _report_modules(conn) -> None:
     r"""In a process forked from the forkserver: the file of every top-level
     module it has."""
-    conn.send({name: module.__file__ for name, module in list(sys.modules.items())
-               if "." not in name and not name.startswith("__")
-               and isinstance(getattr(module, "__file__", None), str)})
+    try:
+        conn.send({name: module.__file__ for name, module in list(sys.modules.items())
+                   if "." not in name and not name.startswith("__")
+                   and isinstance(getattr(module, "__file__", None), str)})
+    except OSError:  # the caller stopped waiting (interrupted): nobody to tell
+        pass
     conn.close()
 
 
@@ -500,12 +598,13 @@ def _worker(rank: int, world_size: int, port: int, backend: str, timeout: float,
     die_with_parent(parent_pid)
     if caller is not None:  # forked by the forkserver: see _adopt_caller
         _adopt_caller(**caller)
-    stop_on_sigterm()
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if threads:
         torch.set_num_threads(threads)
     try:
+        # A stop signal held since the rank started is taken here, and reported.
+        _handle_stop_signals(leave_ctrl_c_to_launcher=True)
         init(backend, f"tcp://127.0.0.1:{port}", rank, world_size, timeout)
         fn = pickle.loads(call)
         out = fn(*(pickle.loads(args.data) if isinstance(args, _ByValue) else args))
@@ -536,29 +635,57 @@ STOP_GRACE = 60.0
 
 
 class _ForwardedStop:
-    r"""While installed (main thread only), SIGTERM and SIGINT to the
-    launcher are forwarded to its ranks as SIGTERM (which ask them to
-    checkpoint and stop) and remembered."""
+    r"""While installed (main thread only), a stop signal
+    (:data:`STOP_SIGNALS`) or SIGINT to the launcher is forwarded to its
+    ranks (:attr:`procs`) as SIGTERM, which asks them to checkpoint and stop
+    (or, with nothing to finish, to stop at once), and remembered. Before
+    any rank started there is nothing to forward: it raises
+    :class:`Interrupted` (SIGINT: :class:`KeyboardInterrupt`) at once."""
 
-    def __init__(self, procs) -> None:
-        self.procs, self.since, self.signum, self.previous = procs, None, None, {}
+    def __init__(self) -> None:
+        self.procs: List[Any] = []
+        self.since, self.signum, self.previous = None, None, {}
+        self.told: set = set()  # the pids a SIGTERM was sent to
         if threading.current_thread() is not threading.main_thread():
             return
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGINT, *STOP_SIGNALS):
             self.previous[signum] = signal.signal(signum, self._forward)
 
     def _forward(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
         if self.since is not None:  # a second signal: stop waiting
-            raise KeyboardInterrupt(f"a second {signal.Signals(signum).name}: "
-                                    f"the ranks were killed")
+            raise KeyboardInterrupt(f"a second {name}: the ranks were killed")
+        if not any(p.pid is not None for p in self.procs):
+            raise KeyboardInterrupt if signum == signal.SIGINT else Interrupted(name)
         self.since, self.signum = time.monotonic(), signum
+        self.forward()
+
+    def forward(self) -> None:
+        r"""Sends the stop, once it came, to every running rank not sent
+        it yet (one SIGTERM each)."""
+        if self.since is None:
+            return
         for p in self.procs:
-            if p.is_alive():
+            if p.pid not in self.told and p.is_alive():
+                self.told.add(p.pid)
                 os.kill(p.pid, signal.SIGTERM)
 
     def restore(self) -> None:
         for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
+            if handler is not None:
+                signal.signal(signum, handler)
+
+    def prefix(self, cause: str) -> str:
+        r""":obj:`cause` (a rank's failure) led by the signal that was
+        forwarded, unless it names it already (the ranks only get SIGTERM)."""
+        if self.signum is None or (self.signum == signal.SIGTERM and "SIGTERM" in cause):
+            return cause
+        name = signal.Signals(self.signum).name
+        if self.signum == signal.SIGINT:
+            return f"Ctrl-C (SIGINT, forwarded to the ranks as SIGTERM): {cause}"
+        if self.signum == signal.SIGTERM:
+            return f"SIGTERM (forwarded to the ranks): {cause}"
+        return f"{name} (forwarded to the ranks as SIGTERM): {cause}"
 
 
 def is_stopped(pid: Optional[int]) -> bool:
@@ -590,6 +717,14 @@ class SpawnError(RuntimeError):
 # or the launcher killed them): never the root cause when a rank has its own.
 _SECONDARY = re.compile(r"RankLostError|lost ranks? \d|Connection (closed|reset) by peer|"
                         r"did not finish")
+# What a stop signal forwarded to a rank with nothing to finish leads to: it
+# stops at once (Interrupted), or dies of the SIGTERM before its handler is in.
+_INTERRUPTED = re.compile(r"^rank \d+: Interrupted: |"
+                          r"^rank \d+ died \(killed by SIG(TERM|HUP)\)")
+
+
+def _interrupted(rank: int, report: str) -> bool:
+    return bool(_INTERRUPTED.search(_one_line(rank, report)))
 
 
 def silent_failure(rank: int, process, stopped: Dict[int, float], grace: float,
@@ -627,15 +762,33 @@ def _one_line(rank: int, report: str) -> str:
 
 
 @contextmanager
-def starting_ranks() -> Iterator[None]:
+def starting_ranks(hold_stop_signals: bool = False) -> Iterator[None]:
     r"""What processes started inside inherit: SIGINT ignored (main thread
     only; a terminal's Ctrl-C signals the whole process group, and a rank
     not yet past its start-up would die of it with a traceback, while the
     launcher forwards it as SIGTERM), and ``TORCH_CPP_LOG_LEVEL=ERROR``
     unless the user set a level (when rank 0 dies, c10d prints every other
     rank's lost store connection as a warning with dozens of C++ frames,
-    which would bury the one-line error; errors still print)."""
+    which would bury the one-line error; errors still print).
+
+    With :obj:`hold_stop_signals`, they also start with the stop signals
+    (:data:`STOP_SIGNALS`) blocked: a rank lets them in once its handler is
+    in place (:func:`handling_stop_signals`), so one sent to the whole
+    process group (a closed terminal's SIGHUP, a scheduler's SIGTERM to
+    every process of a job) or forwarded while the rank starts is taken
+    then, not fatal; the forkserver never lets them in, so they cannot kill
+    it and with it (:func:`die_with_parent`) the ranks forked from it. This
+    thread holds them meanwhile: they arrive when it leaves."""
     main = threading.current_thread() is threading.main_thread()
+    held = hold_stop_signals and main
+    if held:
+        from multiprocessing import resource_tracker
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        # Starting, it holds SIGTERM for itself (then ignores it) and lets it
+        # in here again: it is started now, holding SIGHUP too, and what it
+        # let in is held again.
+        resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
     quiet = "TORCH_CPP_LOG_LEVEL" not in os.environ
     if quiet:
@@ -647,6 +800,8 @@ def starting_ranks() -> Iterator[None]:
             del os.environ["TORCH_CPP_LOG_LEVEL"]
         if main:
             signal.signal(signal.SIGINT, previous)
+        if held:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
@@ -664,10 +819,12 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
     get :data:`FAILURE_GRACE` seconds to report their own error and are then
     killed; a :class:`SpawnError` (a :class:`RuntimeError`) says the root
     cause in its first line and every failed rank's fate and traceback after
-    it. SIGTERM and Ctrl-C reach the ranks as SIGTERM (training ends its
-    epoch, checkpoints and stops, and the error says so; a second signal
-    stops waiting with :class:`KeyboardInterrupt`, as does Ctrl-C when every
-    rank returned). On Linux the ranks die with this process, however it
+    it. SIGTERM, SIGHUP and Ctrl-C reach the ranks as SIGTERM (training
+    ends its epoch, checkpoints and stops, and the error names the signal;
+    where no rank had anything to finish, each stops at once and
+    :class:`Interrupted` names the signal; a second signal stops waiting
+    with :class:`KeyboardInterrupt`, as does Ctrl-C when every rank
+    returned). On Linux the ranks die with this process, however it
     ends (SIGKILL included).
     :obj:`join_timeout` bounds the whole run.
     :obj:`threads` sets each rank's intra-op threads (default: :func:`rank_threads`).
@@ -680,42 +837,51 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
         raise ValueError(f"nprocs must be a whole number >= 1 (got {nprocs!r})")
     nprocs = int(nprocs)
     call = dumps(fn, f"'{getattr(fn, '__qualname__', fn)}'")
-    with environment_for_ranks(malloc), _rank_context() as (ctx, parent):
-        results = ctx.Queue()
-        port = free_port()
-        threads = threads or rank_threads(nprocs)
-        # The arguments travel as multiprocessing sends them (tensors through
-        # shared memory, not copied per rank), unless the caller is a notebook,
-        # whose cell-defined objects only travel by value, or they cannot be
-        # pickled by reference (a lambda): then cloudpickled, copied per rank.
-        interactive = not hasattr(sys.modules.get("__main__"), "__file__")
-        payloads = [None] if interactive else [tuple(args), None]
-        while payloads:
-            payload = payloads[0]
-            if payload is None:
-                payload = _ByValue(dumps(tuple(args), "the arguments"))
-            caller = _Caller() if ctx.get_start_method() == "forkserver" else None
-            procs = [ctx.Process(target=_worker, daemon=True,
-                                 args=(r, nprocs, port, backend, timeout, threads, call, payload,
-                                       results, parent, caller)) for r in range(nprocs)]
-            try:
-                with starting_ranks():
-                    for p in procs:
-                        p.start()
-                break
-            except (pickle.PicklingError, AttributeError, TypeError):
-                if any(p.pid is not None for p in procs) or isinstance(payload, _ByValue):
-                    raise  # a rank started: not a failure to pickle the arguments
-                payloads.pop(0)
-            except ValueError as e:  # more shared tensors than the forkserver passes
-                if (any(p.pid is not None for p in procs) or caller is None
-                        or "too many fds" not in str(e)):
-                    raise
-                ctx, parent = torch.multiprocessing.get_context("spawn"), os.getpid()
-                results = ctx.Queue()
+    # From here on a stop signal reaches the ranks as SIGTERM (before the
+    # first started, it raises Interrupted here).
+    stopping = _ForwardedStop()
+    try:
+        with environment_for_ranks(malloc), _rank_context() as (ctx, parent):
+            results = ctx.Queue()
+            port = free_port()
+            threads = threads or rank_threads(nprocs)
+            # The arguments travel as multiprocessing sends them (tensors through
+            # shared memory, not copied per rank), unless the caller is a notebook,
+            # whose cell-defined objects only travel by value, or they cannot be
+            # pickled by reference (a lambda): then cloudpickled, copied per rank.
+            interactive = not hasattr(sys.modules.get("__main__"), "__file__")
+            payloads = [None] if interactive else [tuple(args), None]
+            while payloads:
+                payload = payloads[0]
+                if payload is None:
+                    payload = _ByValue(dumps(tuple(args), "the arguments"))
+                caller = _Caller() if ctx.get_start_method() == "forkserver" else None
+                procs = stopping.procs = [
+                    ctx.Process(target=_worker, daemon=True,
+                                args=(r, nprocs, port, backend, timeout, threads, call,
+                                      payload, results, parent, caller))
+                    for r in range(nprocs)]
+                try:  # (a rank forked by the forkserver has the forkserver's held)
+                    with starting_ranks(hold_stop_signals=caller is None):
+                        for p in procs:
+                            p.start()
+                    break
+                except (pickle.PicklingError, AttributeError, TypeError):
+                    if any(p.pid is not None for p in procs) or isinstance(payload, _ByValue):
+                        raise  # a rank started: not a failure to pickle the arguments
+                    payloads.pop(0)
+                except ValueError as e:  # more shared tensors than the forkserver passes
+                    if (any(p.pid is not None for p in procs) or caller is None
+                            or "too many fds" not in str(e)):
+                        raise
+                    ctx, parent = torch.multiprocessing.get_context("spawn"), os.getpid()
+                    results = ctx.Queue()
+    except BaseException:
+        stopping.restore()
+        raise
+    stopping.forward()  # also to the ranks that started after a stop signal
     outcome: dict = {}
     failed: List[int] = []  # ranks in the order their failure was seen
-    stopping = _ForwardedStop(procs)
     deadline = None if join_timeout is None else time.monotonic() + join_timeout
     failed_at = None
     watchdog = False  # the other ranks' grace after the first failure ran out
@@ -726,10 +892,12 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
             if deadline is not None and now > deadline:
                 break
             # A stop forwarded before the failure gives every rank time to
-            # checkpoint (below); otherwise the run has failed: no waiting
+            # checkpoint (below), unless a rank stopped at once for it (its
+            # peers cannot go on); otherwise the run has failed: no waiting
             # for the collective timeout.
             if (failed_at is not None and now - failed_at > FAILURE_GRACE
-                    and (stopping.since is None or stopping.since > failed_at)):
+                    and (stopping.since is None or stopping.since > failed_at
+                         or any(_interrupted(r, outcome[r][1]) for r in failed))):
                 watchdog = True
                 break
             if stopping.since is not None and now - stopping.since > timeout + STOP_GRACE:
@@ -768,11 +936,14 @@ def spawn(fn: Callable, nprocs: int, args: Sequence = (), backend: str = "gloo",
                 if watchdog else "did not finish in time (terminated)")
         errors.update({r: late for r in missing})
         order = failed + missing
-        root = ([r for r in order if not _SECONDARY.search(_one_line(r, errors[r]))]
-                or order)[0]
-        cause = _one_line(root, errors[root])
-        if stopping.signum == signal.SIGINT:  # the ranks' messages say SIGTERM
-            cause = f"Ctrl-C (SIGINT, forwarded to the ranks as SIGTERM): {cause}"
+        own = [r for r in order if not _SECONDARY.search(_one_line(r, errors[r]))]
+        if stopping.signum is not None and own and all(_interrupted(r, errors[r])
+                                                        for r in own):
+            # The ranks stopped at once (nothing to finish): only the signal to say.
+            raise (KeyboardInterrupt() if stopping.signum == signal.SIGINT else
+                   Interrupted(signal.Signals(stopping.signum).name))
+        root = (own or order)[0]
+        cause = stopping.prefix(_one_line(root, errors[root]))
         details = f"{len(errors)} of {nprocs} ranks failed:\n" + "\n".join(
             f"rank {r}: {msg}" for r, msg in sorted(errors.items()))
         raise SpawnError(cause, details, errors)

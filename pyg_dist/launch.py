@@ -7,8 +7,8 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from pyg_dist.distributed import (DEFAULT_TIMEOUT, die_with_parent, init, name_lost_ranks,
-                                  rank_threads, spawn, stop_heartbeat, stop_on_sigterm,
+from pyg_dist.distributed import (DEFAULT_TIMEOUT, die_with_parent, handling_stop_signals,
+                                  init, name_lost_ranks, rank_threads, spawn, stop_heartbeat,
                                   under_torchrun)
 from pyg_dist.partition.book import read_meta
 
@@ -20,12 +20,16 @@ def run_training(root: str, config, out: Optional[str], nproc: Optional[int] = N
     (:func:`~pyg_dist.preflight.check_training`), before any rank starts.
     With ``config.overwrite`` the old run in :obj:`out` is removed only
     once every rank has read its inputs. Returns rank 0's summary (under
-    torchrun: this rank's)."""
+    torchrun: this rank's). A stop signal (SIGTERM, SIGHUP) ends training
+    after its epoch with a checkpoint, and anything before the epochs at
+    once with :class:`~pyg_dist.distributed.Interrupted` naming it
+    (:func:`~pyg_dist.distributed.handling_stop_signals`)."""
     from pyg_dist.preflight import check_training
     from pyg_dist.train import train
-    config.validate()
-    check_training(root, config, out, nproc)
-    return run_ranks(train, (root, config, out), root, nproc, timeout, config.malloc)
+    with handling_stop_signals():
+        config.validate()
+        check_training(root, config, out, nproc)
+        return run_ranks(train, (root, config, out), root, nproc, timeout, config.malloc)
 
 
 def run_prediction(root: str, model_dir: str, out: str, overwrite: bool = False,
@@ -35,16 +39,21 @@ def run_prediction(root: str, model_dir: str, out: str, overwrite: bool = False,
     writing into :obj:`out`. The partition, the model's files and width and
     :obj:`out` are checked first (:func:`~pyg_dist.preflight.check_prediction`);
     with :obj:`overwrite`, the ranks remove earlier predictions in
-    :obj:`out` before any of them writes."""
+    :obj:`out` before any of them writes. A stop signal (SIGTERM, SIGHUP)
+    stops every rank at once with :class:`~pyg_dist.distributed.Interrupted`
+    naming it (there is nothing to finish); the manifest is written last, so
+    an interrupted prediction has none."""
     from pyg_dist.inference import predict
     from pyg_dist.preflight import check_prediction
     from pyg_dist.train import load_model
-    spec = check_prediction(root, model_dir, out, overwrite)
-    model = load_model(model_dir)
-    source = {"model_dir": os.path.abspath(model_dir), "model.pt": spec["files"]["model.pt"]}
-    run_ranks(functools.partial(predict, progress=progress, source=source,
-                                overwrite=overwrite),
-              (model, root, out), root, None, timeout)
+    with handling_stop_signals():
+        spec = check_prediction(root, model_dir, out, overwrite)
+        model = load_model(model_dir)
+        source = {"model_dir": os.path.abspath(model_dir),
+                  "model.pt": spec["files"]["model.pt"]}
+        run_ranks(functools.partial(predict, progress=progress, source=source,
+                                    overwrite=overwrite),
+                  (model, root, out), root, None, timeout)
 
 
 def runs_here(root: str, nproc: Optional[int] = None) -> bool:
@@ -73,15 +82,16 @@ def run_ranks(fn: Callable, fn_args: tuple, root: str, nproc: Optional[int] = No
 def _in_group(fn: Callable, fn_args: tuple, timeout: float) -> Any:
     r"""Runs in this process' group and tears it down before the
     interpreter exits (gloo's threads otherwise may abort the process)."""
-    stop_on_sigterm(leave_ctrl_c_to_launcher="LOCAL_WORLD_SIZE" in os.environ)  # torchrun
-    init(timeout=timeout)
-    try:
-        return fn(*fn_args)
-    except BaseException as e:
-        named = name_lost_ranks(e)
-        if named is e:
-            raise
-        raise named from e
-    finally:
-        stop_heartbeat()
-        dist.destroy_process_group()
+    # LOCAL_WORLD_SIZE: under torchrun, whose agent forwards Ctrl-C
+    with handling_stop_signals(leave_ctrl_c_to_launcher="LOCAL_WORLD_SIZE" in os.environ):
+        init(timeout=timeout)
+        try:
+            return fn(*fn_args)
+        except BaseException as e:
+            named = name_lost_ranks(e)
+            if named is e:
+                raise
+            raise named from e
+        finally:
+            stop_heartbeat()
+            dist.destroy_process_group()

@@ -27,7 +27,7 @@ from pyg_dist.config import (MODELS, TrainConfig, build_model, model_layer,  # n
                              num_classes_of, upgrade)
 from pyg_dist.data import DistData
 from pyg_dist.distributed import device as default_device
-from pyg_dist.distributed import init, stop_requested
+from pyg_dist.distributed import init, stop_at_epoch_end, stop_requested, stop_signal
 from pyg_dist.integrity import CorruptFileError, load_checked, read_json
 from pyg_dist.loader import LOADERS, Loader, LoaderInputs, TrainBatch, build_loader
 from pyg_dist.loader import loader_options
@@ -118,6 +118,7 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
         read_mapped_pages(data.x)
     run.baseline = baseline_memory_metrics(device)
     run.baseline_code = code_memory_bytes(device)
+    stop_at_epoch_end()  # before: a stop signal stops the set-up at once (nothing to keep)
     try:
         for epoch in epochs:
             row, stop = run.epoch(epoch)
@@ -542,7 +543,7 @@ def end_of_epoch(epoch: int, row: Dict[str, Any], history: List[Dict[str, Any]],
                                  "rng": rng_state(device), "history": history})
     if stop and epoch < config.epochs:
         saved = checkpoints is not None and checkpoints.every > 0
-        raise TrainingStopped(f"stopped by SIGTERM after epoch {epoch}" + (
+        raise TrainingStopped(f"stopped by {stop_signal() or 'SIGTERM'} after epoch {epoch}" + (
             "; checkpoint written: continue with --resume" if saved else
             " (no checkpoint: train with --checkpoint-every N to resume)"))
 

@@ -52,3 +52,22 @@ def fail_beside_a_collective(how: str, mark: str):
             time.sleep(600)
         os.kill(os.getpid(), {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}[how])
     dist.all_reduce(torch.ones(1))
+
+
+def run_without_free_ports(low: int, high: int, argv) -> int:
+    r"""In a network namespace of its own (``unshare --net``, as root):
+    narrows the ephemeral ports to ``low..high``, holds every one of them
+    with a listening socket and runs :obj:`argv`; returns its exit status.
+    Only this namespace's ports are touched."""
+    import socket
+    import subprocess
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    with open("/proc/sys/net/ipv4/ip_local_port_range", "w") as f:
+        f.write(f"{low} {high}")
+    held = []
+    for port in range(low, high + 1):
+        s = socket.socket()
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        held.append(s)
+    return subprocess.run(argv).returncode

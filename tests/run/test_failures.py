@@ -378,3 +378,195 @@ def test_stopped_heartbeat_thread_has_ended():
     stop_heartbeat()
     assert Heartbeat.current is None and not beat.thread.is_alive()
     assert int(server.get("pyg_dist/heartbeat/0")) >= 1
+
+
+def _cli(*args: str):
+    return [sys.executable, "-m", "pyg_dist.cli", *args]
+
+
+def _quiet_env():
+    return dict(os.environ, PYTHONWARNINGS="ignore")
+
+
+def _gone_within(pids, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not any(_alive(p) for p in pids)
+
+
+@pytest.mark.parametrize("to", ["launcher", "process group"])
+def test_sighup_checkpoints_and_stops_in_one_line(graph, tmp_path, to):
+    r"""SIGHUP (a closed terminal or SSH session: to the launcher, or to its
+    whole process group, forkserver and ranks included) ends like SIGTERM:
+    every rank ends its epoch and checkpoints, the launcher's line says
+    SIGHUP, no process is left."""
+    root, out = str(tmp_path / "parts"), str(tmp_path / "run")
+    pyg_dist.partition_graph(graph, 2, root=root)
+    launcher = subprocess.Popen(
+        _cli("train", "--root", root, "--out", out, "--hidden", "8", "--no-progress",
+             "--no-plots", "--epochs", "100000", "--checkpoint-every", "1000"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_quiet_env(),
+        start_new_session=True)  # its own process group, as a terminal's job has
+    try:
+        metrics = os.path.join(out, "metrics.jsonl")
+        deadline = time.monotonic() + 60
+        while not (os.path.exists(metrics) and os.path.getsize(metrics)):
+            assert time.monotonic() < deadline and launcher.poll() is None
+            time.sleep(0.2)
+        family = _descendants(launcher.pid)
+        if to == "launcher":
+            launcher.send_signal(signal.SIGHUP)
+        else:
+            os.killpg(launcher.pid, signal.SIGHUP)
+        _, err = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    lines = err.strip().splitlines()
+    assert launcher.returncode == 1 and len(lines) == 2, err[-3000:]
+    assert re.fullmatch(r"pyg-dist train: error: SIGHUP \(forwarded to the ranks as SIGTERM\):"
+                        r" rank \d: TrainingStopped: stopped by SIG(HUP|TERM) after epoch \d+; "
+                        r"checkpoint written: continue with --resume", lines[0]), lines[0]
+    os.remove(lines[1].split(": ", 1)[1].rstrip(")"))
+    epochs = [json.loads(line)["epoch"] for line in open(metrics)]
+    latest = json.load(open(os.path.join(out, "checkpoint", "latest.json")))["epoch"]
+    assert latest == epochs[-1]
+    assert _gone_within(family, 10), "processes outlived the launcher"
+
+
+@pytest.fixture(scope="module")
+def deep_model(tmp_path_factory):
+    r"""2 parts of a 240-node graph and a 300-layer model trained on the
+    whole graph (one epoch, one rank): predicting with it takes seconds."""
+    from pyg_dist.train import TrainConfig, train
+    from tests.conftest import small_graph
+    folder = tmp_path_factory.mktemp("deep")
+    one, two, model = str(folder / "one"), str(folder / "two"), str(folder / "model")
+    pyg_dist.partition_graph(small_graph(), 1, root=one)
+    pyg_dist.partition_graph(small_graph(), 2, root=two)
+    train(one, TrainConfig(num_layers=300, hidden=4, epochs=1, progress=False), model)
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    return two, model
+
+
+def _forkserver_without_ranks(launcher: int) -> bool:
+    return any("multiprocessing.forkserver" in _cmdline(c) and not _children(c)
+               for c in _children(launcher))
+
+
+@pytest.mark.parametrize("when", ["before the ranks", "in the ranks"])
+def test_sigterm_to_predict_is_one_line_and_no_manifest(deep_model, tmp_path, when):
+    r"""SIGTERM to `pyg-dist predict`, while it starts its ranks or while they
+    predict: one line that names it, at once, no predictions manifest and
+    no temporary file, no process left."""
+    root, model = deep_model
+    out, log = str(tmp_path / "pred"), str(tmp_path / "stderr")
+    with open(log, "w") as stderr:
+        launcher = subprocess.Popen(
+            _cli("predict", "--root", root, "--model-dir", model, "--out", out),
+            stdout=subprocess.DEVNULL, stderr=stderr, env=_quiet_env())
+    try:
+        deadline = time.monotonic() + 60
+        ready = (lambda: _forkserver_without_ranks(launcher.pid)) if when == "before the ranks" \
+            else (lambda: "predict:" in open(log).read())  # rank 0's bar: set-up done
+        while not ready():
+            assert time.monotonic() < deadline and launcher.poll() is None, open(log).read()
+            time.sleep(0.02)
+        family = _descendants(launcher.pid)
+        launcher.send_signal(signal.SIGTERM)
+        start = time.monotonic()
+        launcher.wait(timeout=60)
+        took = time.monotonic() - start
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    err = open(log).read()
+    assert launcher.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert err.rstrip().endswith("pyg-dist predict: interrupted (SIGTERM)"), err[-3000:]
+    assert took < 15, took
+    left = os.listdir(out) if os.path.isdir(out) else []
+    assert "predictions.json" not in left and not any(f.endswith(".tmp") for f in left), left
+    assert _gone_within(family, 10), "processes outlived the launcher"
+
+
+def test_sigterm_during_a_long_set_up_stops_within_seconds(graph, tmp_path):
+    r"""SIGTERM while the ranks build a 3,000-layer model (set-up takes tens
+    of seconds, its first epoch a minute): there is no epoch to finish, so
+    they stop at once, and the launcher's one line names SIGTERM."""
+    root, out = str(tmp_path / "parts"), str(tmp_path / "run")
+    pyg_dist.partition_graph(graph, 2, root=root)
+    launcher = subprocess.Popen(
+        _cli("train", "--root", root, "--out", out, "--layers", "3000", "--hidden", "4",
+             "--no-progress", "--no-plots", "--epochs", "2"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_quiet_env())
+    try:
+        deadline = time.monotonic() + 60
+        while len(_ranks(launcher.pid)) < 2:
+            assert time.monotonic() < deadline and launcher.poll() is None
+            time.sleep(0.05)
+        time.sleep(1.0)  # into the set-up
+        family = _descendants(launcher.pid)
+        launcher.send_signal(signal.SIGTERM)
+        start = time.monotonic()
+        _, err = launcher.communicate(timeout=120)
+        took = time.monotonic() - start
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert not os.path.exists(os.path.join(out, "metrics.jsonl"))  # still in its set-up
+    assert launcher.returncode == 130 and err.strip() == "pyg-dist train: interrupted (SIGTERM)", \
+        err[-3000:]
+    assert took < 15, took
+    assert _gone_within(family, 10), "processes outlived the launcher"
+
+
+@pytest.mark.parametrize("flags", [("--layers", "100000"), ("--hidden", "1000000")])
+def test_a_model_larger_than_memory_is_refused_before_any_rank(graph, tmp_path, flags):
+    r"""A model whose parameters or activations alone exceed this machine's
+    memory is refused in one line with the estimate and the memory, before
+    any rank starts (not after minutes of building and an OOM kill). The
+    address space is capped, so that a regression fails here instead of
+    exhausting the machine."""
+    import resource
+    root, out = str(tmp_path / "parts"), str(tmp_path / "run")
+    pyg_dist.partition_graph(graph, 2, root=root)
+    cap = 8 << 30
+
+    def capped():
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    start = time.monotonic()
+    done = subprocess.run(_cli("train", "--root", root, "--out", out, "--epochs", "1", *flags),
+                          capture_output=True, text=True, env=_quiet_env(), timeout=120,
+                          preexec_fn=capped)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stderr[-3000:]
+    assert re.fullmatch(r"pyg-dist train: error: --layers [\d,]+ --hidden [\d,]+ \(sage\): "
+                        r"training needs at least [\d.,]+ [GT]iB of memory on this machine, "
+                        r"which has [\d.]+ GiB \(2 ranks x [\d,]+ parameters x 16 B .*\): use "
+                        r"fewer --layers or a smaller --hidden", lines[0]), lines[0]
+    assert time.monotonic() - start < 60 and not os.path.exists(out)
+
+
+def test_no_free_port_is_one_line(graph, tmp_path):
+    r"""Every ephemeral port taken (in a network namespace of the test's own,
+    its range narrowed to two ports, both held): one line naming the range,
+    not a traceback."""
+    import shutil
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
+        pytest.skip("needs root, unshare and ip (a network namespace of its own)")
+    from tests.conftest import REPO
+    root = str(tmp_path / "parts")
+    pyg_dist.partition_graph(graph, 2, root=root)
+    argv = _cli("train", "--root", root, "--epochs", "1", "--no-progress")
+    code = (f"import sys; from tests.run.failure_workers import run_without_free_ports; "
+            f"sys.exit(run_without_free_ports(40000, 40001, {argv!r}))")
+    done = subprocess.run(["unshare", "--net", sys.executable, "-c", code], cwd=REPO,
+                          capture_output=True, text=True, env=_quiet_env(), timeout=120)
+    if done.returncode != 0 and "unshare failed" in done.stderr:
+        pytest.skip(f"cannot create a network namespace: {done.stderr.strip()}")
+    assert done.returncode == 1 and done.stderr.strip() == (
+        "pyg-dist train: error: no free TCP port on 127.0.0.1 for the ranks' rendezvous: "
+        "ports 40000-40001 (net.ipv4.ip_local_port_range) are all taken (Address already in "
+        "use); end what holds them or widen the range"), done.stderr[-3000:]
