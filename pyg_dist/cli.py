@@ -222,7 +222,9 @@ def _add_dataset_args(p: argparse.ArgumentParser) -> None:
                         "others are read from --data-dir (see docs/data.md)")
     p.add_argument("--data-dir", default=None, help="dataset directory (default "
                    "$PYG_DIST_DATA or ~/.cache/pyg_dist)")
-    p.add_argument("--data-seed", type=int, default=0)
+    p.add_argument("--data-seed", type=int, default=None,
+                   help="seed of the generated default, rmat or reddit-shaped graph "
+                        "(default 0)")
     p.add_argument("--num-nodes", type=_positive(int, "--num-nodes"), default=None,
                    help="size of the generated default or reddit-shaped graph")
 
@@ -245,18 +247,7 @@ def _partition_folder(args: argparse.Namespace) -> None:
     r"""``partition --from DIR``: the out-of-core path, for graph folders
     and OGB's binary raw layout."""
     from pyg_dist.datasets.ogb_disk import is_ogb_raw, ogb_to_graph_dir
-    from pyg_dist.partition.from_disk import partition_folder
-    given = [flag for flag, on in (("--dataset", args.dataset != "default"),
-                                   ("--num-nodes", args.num_nodes is not None),
-                                   ("--inductive", args.inductive),
-                                   ("--num-batches", bool(args.num_batches))) if on]
-    if given:
-        raise SystemExit(f"pyg-dist partition: error: {given[0]} does not apply to --from "
-                         f"(the graph comes from the folder; batches and inductive parts "
-                         f"need it in memory)")
-    if args.method == "block":
-        raise SystemExit("pyg-dist partition: error: --method block needs the graph in "
-                         "memory; with --from use kaminpar, metis or random")
+    from pyg_dist.partition.from_disk import PARTITIONER_DEGREE, partition_folder
     _check_writable_dir("partition", "--root", args.root)
     folder = args.from_dir
     if is_ogb_raw(folder):
@@ -264,79 +255,192 @@ def _partition_folder(args: argparse.Namespace) -> None:
         if not osp.exists(osp.join(converted, "graph.json")):
             ogb_to_graph_dir(folder, converted, progress=True)
         folder = converted
+    degree = PARTITIONER_DEGREE if args.partitioner_degree is None else args.partitioner_degree
     book = partition_folder(folder, args.num_parts, args.root, args.method or "kaminpar",
-                            args.objective, seed=args.seed, progress=True,
-                            num_classes=args.num_classes,
-                            partitioner_degree=args.partitioner_degree or None)
+                            args.objective or "vol", seed=args.seed or 0, progress=True,
+                            num_classes=args.num_classes, partitioner_degree=degree or None,
+                            balance=args.balance)
     print(book.summary())
     print(f"wrote {args.num_parts} partitions to {args.root}")
+
+
+def _check_partition_flags(args: argparse.Namespace) -> None:
+    r"""Refuses, in one line and before any work, a flag that another
+    makes meaningless (it would be ignored): every such flag is refused,
+    not ignored. The flags whose defaults are ``None`` are those given."""
+    from pyg_dist.datasets import GENERATED
+    if args.from_dir is not None:
+        given = [flag for flag, on in (("--dataset", args.dataset != "default"),
+                                       ("--data-dir", args.data_dir is not None),
+                                       ("--data-seed", args.data_seed is not None),
+                                       ("--num-nodes", args.num_nodes is not None),
+                                       ("--inductive", args.inductive),
+                                       ("--num-batches", args.num_batches is not None)) if on]
+        if given:
+            raise SystemExit(f"pyg-dist partition: error: {given[0]} does not apply to --from "
+                             f"(the graph comes from the folder; batches and inductive parts "
+                             f"need it in memory)")
+        if args.method == "block":
+            raise SystemExit("pyg-dist partition: error: --method block needs the graph in "
+                             "memory; with --from use kaminpar, metis or random")
+    elif args.dataset not in GENERATED:
+        for flag, on in (("--data-seed", args.data_seed is not None),
+                         ("--num-nodes", args.num_nodes is not None)):
+            if on:
+                raise SystemExit(f"pyg-dist partition: error: {flag} does not apply to "
+                                 f"--dataset {args.dataset} (it is read from disk; {flag} "
+                                 f"is for the generated {', '.join(GENERATED)})")
+    method = args.method or ("kaminpar" if args.from_dir is not None else "metis")
+    for flag, on, why in (
+            ("--objective", args.objective is not None and method != "metis",
+             f"does not apply to --method {method} (only --method metis takes one)"),
+            ("--balance", args.balance is not None and method in ("random", "block"),
+             f"does not apply to --method {method} (it balances what METIS and KaMinPar "
+             f"partition)"),
+            ("--block-hops", args.block_hops is not None and method != "block",
+             f"does not apply to --method {method} (it sizes --method block's blocks)"),
+            ("--partitioner-degree", args.partitioner_degree is not None
+             and args.from_dir is None, "needs --from (it bounds KaMinPar's input there)"),
+            ("--partitioner-degree", args.partitioner_degree is not None
+             and method != "kaminpar", f"does not apply to --method {method} (it bounds "
+                                       f"KaMinPar's input)"),
+            ("--seed", args.seed is not None and method == "block" and not args.num_batches,
+             "does not apply to --method block without --num-batches (blocks are not "
+             "drawn at random)"),
+            ("--batch-layers", args.batch_layers is not None and not args.num_batches,
+             "needs --num-batches"),
+            ("--balance-batches", args.balance_batches and not args.num_batches,
+             "needs --num-batches"),
+            ("--cost-constants", args.cost_constants is not None and not args.num_batches,
+             "needs --num-batches"),
+            ("--batch-hidden/--hidden", args.batch_hidden is not None and not args.num_batches,
+             "needs --num-batches"),
+            ("--batch-model/--model", args.batch_model is not None and not args.num_batches,
+             "needs --num-batches"),
+            ("--balance-rule", args.balance_rule is not None and not args.balance_batches,
+             "needs --balance-batches")):
+        if on:
+            raise SystemExit(f"pyg-dist partition: error: {flag} {why}")
+
+
+def _check_batch_count(data, args: argparse.Namespace) -> None:
+    r"""Refuses, before partitioning, a ``--num-batches`` outside what
+    :func:`~pyg_dist.loader.cohesive.prepare.write_batches` takes: at most
+    one batch per training node."""
+    train = getattr(data, "train_mask", None)
+    count = 0 if train is None else int(train.sum())
+    if args.num_batches > count:
+        raise SystemExit(f"pyg-dist partition: error: --num-batches {args.num_batches} "
+                         f"exceeds the graph's {count:,} training nodes (each batch needs "
+                         f"one)")
 
 
 def cmd_partition(args: argparse.Namespace) -> None:
-    from pyg_dist.partition import partition_graph
-    if args.balance_batches and not args.num_batches:
-        raise SystemExit("pyg-dist partition: error: --balance-batches needs --num-batches")
-    for flag, given in (("--cost-constants", args.cost_constants is not None),
-                        ("--batch-hidden/--hidden", args.batch_hidden is not None),
-                        ("--batch-model/--model", args.batch_model is not None)):
-        if given and not args.num_batches:
-            raise SystemExit(f"pyg-dist partition: error: {flag} needs --num-batches")
-    if args.balance_rule is not None and not args.balance_batches:
-        raise SystemExit("pyg-dist partition: error: --balance-rule needs --balance-batches")
-    if args.num_batches and args.batch_layers < 1:
-        raise SystemExit(f"pyg-dist partition: error: --batch-layers must be >= 1 "
-                         f"(got {args.batch_layers})")
+    from pyg_dist.partition.staging import Interrupted, NoSpaceError, signals_interrupt
+    _check_partition_flags(args)
     if args.cost_constants is not None:  # a bad file is refused before any work
         from pyg_dist.loader import CostModel
         args.cost = CostModel.load(args.cost_constants)
-    if args.from_dir is not None:
-        _partition_folder(args)
-        return
+    created = not osp.exists(args.root)
+    try:
+        with signals_interrupt():
+            if args.from_dir is not None:
+                _partition_folder(args)
+            else:
+                _partition_in_memory(args)
+    except BaseException as e:
+        if created and osp.isdir(args.root) and not os.listdir(args.root):
+            os.rmdir(args.root)  # a root this run created and left empty goes too
+        if isinstance(e, Interrupted):
+            done = (f"the new partition in '{e.after_swap}' was complete" if e.after_swap
+                    else f"nothing was written; '{args.root}' is left as it was")
+            print(f"pyg-dist partition: interrupted ({e}): {done}", file=sys.stderr)
+            sys.exit(128 + e.signum)
+        if isinstance(e, NoSpaceError):
+            raise SystemExit(f"pyg-dist partition: error: {e}") from None
+        raise
+
+
+def _partition_in_memory(args: argparse.Namespace) -> None:
+    r"""``partition`` of a dataset loaded in memory, with its cohesive
+    batches: all written beside the partition already in ``--root`` and
+    swapped in together once complete."""
+    from pyg_dist.partition import partition_graph
+    from pyg_dist.partition.staging import staged
     _check_writable_dir("partition", "--root", args.root)
+    if args.data_seed is None:
+        args.data_seed = 0
     data = _load_dataset(args)
-    book = partition_graph(data, args.num_parts, method=args.method or "metis",
-                           block_hops=args.block_hops,
-                           objective=args.objective, root=args.root, seed=args.seed,
-                           inductive=args.inductive, progress=True,
-                           num_classes=args.num_classes)
+    if args.num_batches:
+        _check_batch_count(data, args)
+    with staged(args.root) as stage:
+        book = partition_graph(data, args.num_parts, method=args.method or "metis",
+                               block_hops=2 if args.block_hops is None else args.block_hops,
+                               objective=args.objective or "vol", root=stage,
+                               seed=args.seed or 0, inductive=args.inductive, progress=True,
+                               num_classes=args.num_classes, balance=args.balance)
+        reported = _write_batches(data, args, book, stage) if args.num_batches else None
     print(book.summary())
     print(f"wrote {args.num_parts} partitions to {args.root}")
-    if args.num_batches:
-        _write_batches(data, args, book)
+    if reported:
+        print(reported)
 
 
-def _write_batches(data, args: argparse.Namespace, book) -> None:
+def _write_batches(data, args: argparse.Namespace, book, stage: str) -> str:
     r"""CM-GCN's cohesive mini-batches of the training nodes, saved next to
-    the partitions for ``pyg-dist train --loader cohesive``."""
+    the partitions (staged in :obj:`stage`) for ``pyg-dist train --loader
+    cohesive``; returns the report to print once they are in ``--root``."""
     from pyg_dist.config import TrainConfig
     from pyg_dist.distributed import rank_threads
     from pyg_dist.loader import CostModel
     from pyg_dist.loader.cohesive.prepare import write_batches
     d = TrainConfig()
-    report = write_batches(data, args.root, book, args.num_batches, args.batch_layers,
-                           hidden=args.batch_hidden or d.hidden, seed=args.seed,
+    report = write_batches(data, stage, book, args.num_batches, args.batch_layers or 3,
+                           hidden=args.batch_hidden or d.hidden, seed=args.seed or 0,
                            balance=args.balance_batches, cost=getattr(args, "cost", None),
                            model=args.batch_model or d.model,
                            balance_rule=args.balance_rule or "owner",
                            threads=rank_threads(args.num_parts))
     cost = CostModel.from_dict(report["cost"])
-    print(f"cost model{' from ' + args.cost_constants if args.cost_constants else ''}: "
-          f"{cost.describe()}")
-    print(f"wrote {args.num_batches} cohesive batches to {report['path']}: "
-          f"J(P) = {report['j']:.4g} s modelled, "
-          f"{100 * (1 - report['j'] / report['j_random']):.1f}% below random batches")
-    print(f"per-rank cost of a batch: at most {report['imbalance']:.2f}x the mean over "
-          f"ranks (random batches: {report['imbalance_random']:.2f}x)")
+    path = osp.join(args.root, osp.relpath(report["path"], stage))
+    lines = [f"cost model{' from ' + args.cost_constants if args.cost_constants else ''}: "
+             f"{cost.describe()}",
+             f"wrote {args.num_batches} cohesive batches to {path}: "
+             f"J(P) = {report['j']:.4g} s modelled, "
+             f"{100 * (1 - report['j'] / report['j_random']):.1f}% below random batches",
+             f"per-rank cost of a batch: at most {report['imbalance']:.2f}x the mean over "
+             f"ranks (random batches: {report['imbalance_random']:.2f}x)"]
     if args.balance_batches:
-        print(f"balanced batch parts ({report['balance_rule']} rule): per-rank cost of a "
-              f"batch at most {report['imbalance_balanced']:.2f}x the mean over ranks")
+        lines.append(f"balanced batch parts ({report['balance_rule']} rule): per-rank cost "
+                     f"of a batch at most {report['imbalance_balanced']:.2f}x the mean over "
+                     f"ranks")
+    return "\n".join(lines)
 
 
 def cmd_rmat(args: argparse.Namespace) -> None:
     from pyg_dist.datasets.rmat_disk import write_rmat
-    info = write_rmat(args.out, args.scale, edge_factor=args.edge_factor,
-                      num_features=args.num_features, num_classes=args.num_classes,
-                      seed=args.seed, progress=True)
+    from pyg_dist.partition.staging import Interrupted, signals_interrupt
+    from pyg_dist.preflight import writable_dir
+    # Before any work: a file, a folder that holds anything (a graph or not)
+    # or one that cannot be created or written.
+    problem = writable_dir("--out", args.out)
+    if problem is None and osp.isdir(args.out) and os.listdir(args.out):
+        problem = (f"--out '{args.out}' is not empty: write the graph into a new or an "
+                   f"empty folder")
+    if problem is not None:
+        raise SystemExit(f"pyg-dist rmat: error: {problem}")
+    try:
+        with signals_interrupt():  # a signal removes the files written (write_rmat)
+            info = write_rmat(args.out, args.scale, edge_factor=args.edge_factor,
+                              num_features=args.num_features, num_classes=args.num_classes,
+                              seed=args.seed, progress=True)
+    except Interrupted as e:
+        print(f"pyg-dist rmat: interrupted ({e}): the files written to '{args.out}' were "
+              f"removed", file=sys.stderr)
+        sys.exit(128 + e.signum)
+    except OSError as e:  # a full or read-only disk; the files written are removed
+        raise SystemExit(f"pyg-dist rmat: error: {e.strerror or e}"
+                         + (f": '{e.filename}'" if e.filename else "")) from None
     print(f"wrote {info['num_nodes']:,} nodes, {info['num_edges']:,} edges and "
           f"{info['num_features']} features to {args.out} (pyg-dist partition --from "
           f"{args.out})")
@@ -374,6 +478,12 @@ def cmd_info(args: argparse.Namespace) -> None:
     print(book.summary())
 
 
+def _balance_names(text: str) -> tuple:
+    r"""``--balance``: the quantities named (``none``: the nodes only)."""
+    from pyg_dist.partition.balance import check_balance
+    return () if text == "none" else check_balance(n for n in text.split(",") if n)
+
+
 def _positive(kind, name: str):
     r"""An argparse type: a number of :obj:`kind` that is finite and > 0."""
     def parse(text: str):
@@ -384,6 +494,21 @@ def _positive(kind, name: str):
         if value is None or not math.isfinite(value) or value <= 0:
             raise argparse.ArgumentTypeError(f"{name} must be a finite number > 0 "
                                              f"(got '{text}')")
+        return value
+    return parse
+
+
+def _at_least(kind, low, name: str):
+    r"""An argparse type: a number of :obj:`kind` that is finite and
+    >= :obj:`low`."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value < low:
+            what = "a finite number " if kind is float else ""
+            raise argparse.ArgumentTypeError(f"{name} must be {what}>= {low} (got '{text}')")
         return value
     return parse
 
@@ -469,16 +594,26 @@ def main(argv: Optional[List[str]] = None) -> None:
                         "DIR/pyg_dist_graph) instead of a --dataset loaded in memory")
     p.add_argument("--method", default=None, choices=["metis", "kaminpar", "random", "block"],
                    help="default: kaminpar with --from, metis otherwise")
-    p.add_argument("--partitioner-degree", type=float, default=PARTITIONER_DEGREE,
-                   metavar="D",
-                   help="--from with kaminpar: above D neighbours per node on average, "
-                        "KaMinPar partitions a sample of the edges (bounding its memory) "
-                        "and the result is refined on every edge; 0: no sample")
-    p.add_argument("--block-hops", type=int, default=2,
-                   help="--method block: hops of the neighbourhood blocks (ByteGNN)")
-    p.add_argument("--objective", default="vol", choices=["vol", "cut"])
+    p.add_argument("--partitioner-degree", type=_at_least(float, 0, "--partitioner-degree"),
+                   default=None, metavar="D",
+                   help=f"--from with kaminpar: above D neighbours per node on average "
+                        f"(default {PARTITIONER_DEGREE:g}), KaMinPar partitions a sample of "
+                        f"the edges (bounding its memory) and the result is refined on "
+                        f"every edge; 0: no sample")
+    p.add_argument("--block-hops", type=_at_least(int, 0, "--block-hops"), default=None,
+                   help="--method block: hops of the neighbourhood blocks (ByteGNN; "
+                        "default 2)")
+    p.add_argument("--balance", type=_parsed(_balance_names), default=None, metavar="LIST",
+                   help="besides its nodes, what each part holds at most 3%% above the mean "
+                        "of: a comma list of edges (its in-edges, the edges its rank "
+                        "aggregates), train_mask, val_mask, test_mask; or none (default: "
+                        "edges and the graph's masks; METIS and KaMinPar)")
+    p.add_argument("--objective", default=None, choices=["vol", "cut"],
+                   help="--method metis: what METIS minimises, the communication volume "
+                        "(default) or the edge cut")
     p.add_argument("--root", required=True, help="output directory")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the partitioner and of the batches (default 0)")
     p.add_argument("--inductive", action="store_true",
                    help="also write the parts of the train nodes' subgraph "
                         "(for train --inductive)")
@@ -486,14 +621,15 @@ def main(argv: Optional[List[str]] = None) -> None:
                    help="the classes the labels' ids range over (default: the largest "
                         "label + 1, or a graph folder's graph.json; refused where most "
                         "ids below it have no labelled node)")
-    p.add_argument("--num-batches", type=int, default=0,
+    p.add_argument("--num-batches", type=_at_least(int, 1, "--num-batches"), default=None,
                    help="also split the training nodes into this many CM-GCN cohesive "
-                        "mini-batches (for train --loader cohesive)")
+                        "mini-batches (for train --loader cohesive; at most one per "
+                        "training node)")
     p.add_argument("--balance-batches", action="store_true",
                    help="also split each batch's computational graph over the ranks by "
                         "cost (CM-GCN balanced workloads; copies input features)")
-    p.add_argument("--batch-layers", type=int, default=3,
-                   help="model depth K the batches' cost model assumes")
+    p.add_argument("--batch-layers", type=_at_least(int, 1, "--batch-layers"), default=None,
+                   help="model depth K the batches' cost model assumes (default 3)")
     from pyg_dist.config import MODELS, TrainConfig
     from pyg_dist.loader.cohesive.balance import BALANCE_RULES
     d = TrainConfig()

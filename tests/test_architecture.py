@@ -12,7 +12,7 @@ import pyg_dist
 
 # Low to high: a module may import its own layer and the layers below.
 LAYERS = [
-    {"utils", "options", "integrity", "distributed", "version", "reducer"},
+    {"utils", "options", "integrity", "distributed", "version", "reducer", "labels"},
     {"partition", "datasets"},
     {"data"},
     {"comm"},

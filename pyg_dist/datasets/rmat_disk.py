@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pyg_dist.partition.staging import check_free_space, progress_bar
 from pyg_dist.utils.npy import (NpyWriter, check_empty_graph_folder, write_graph_json,
                                 writing_graph_folder)
 
@@ -139,12 +140,17 @@ def write_rmat(out_dir: str, scale: int, edge_factor: int = 16, num_features: in
         progress (bool): Shows a tqdm bar over the edges.
 
     Raises :class:`ValueError` for invalid arguments and when
-    :obj:`out_dir` already holds one of the files. A failed write removes
-    the files it had written.
+    :obj:`out_dir` already holds one of the files, and
+    :class:`~pyg_dist.partition.staging.NoSpaceError` when the files
+    (:func:`rmat_bytes`) exceed the free space, all before any work. A
+    failed write removes the files it had written (so does Ctrl-C, and
+    under ``pyg-dist rmat`` SIGTERM and SIGHUP).
     """
     _check_arguments(scale, edge_factor, num_features, num_classes, a, b, c, smoothing,
                      feature_noise, split, chunk_edges)
     check_empty_graph_folder(out_dir)
+    check_free_space(rmat_bytes(scale, edge_factor, num_features), out_dir,
+                     f"the R-MAT graph of scale {scale}")
     N, E, C = 1 << scale, edge_factor << scale, num_classes
     dtype = np.int32 if N < 2**31 else np.int64
     meta = {"generator": "rmat", "scale": scale, "edge_factor": edge_factor,
@@ -168,6 +174,14 @@ def write_rmat(out_dir: str, scale: int, edge_factor: int = 16, num_features: in
         _write_masks(out_dir, N, split, seed)
         write_graph_json(out_dir, meta)
     return meta
+
+
+def rmat_bytes(scale: int, edge_factor: int = 16, num_features: int = 128) -> int:
+    r"""The bytes :func:`write_rmat` writes (its files' headers rounded up):
+    the edges, the float32 features, the int64 labels and three masks."""
+    N, E = 1 << scale, edge_factor << scale
+    ids = 4 if N < 2**31 else 8
+    return 2 * E * ids + N * (4 * num_features + 8 + 3) + 8 * 4096
 
 
 def _check_arguments(scale: int, edge_factor: int, num_features: int, num_classes: int,
@@ -264,7 +278,6 @@ def _write_edges(out_dir: str, scale: int, E: int, cuts: Tuple[int, int, int],
     r"""Writes ``src.npy`` and ``dst.npy`` chunk by chunk and adds every
     chunk's ``z[src]`` into ``total[dst]`` and its edges to
     :obj:`in_degree`."""
-    from tqdm import tqdm
     C, num_blocks = z.size(1), -(-E // _EDGE_BLOCK)
     chunk = min(E, blocks_per_chunk * _EDGE_BLOCK)
     # Buffers live across chunks: fresh ones would be page-faulted in anew
@@ -280,8 +293,8 @@ def _write_edges(out_dir: str, scale: int, E: int, cuts: Tuple[int, int, int],
     with NpyWriter(osp.join(out_dir, "src.npy"), (E, ), perm.dtype) as src_file, \
             NpyWriter(osp.join(out_dir, "dst.npy"), (E, ), perm.dtype) as dst_file, \
             ThreadPoolExecutor(torch.get_num_threads()) as pool, \
-            tqdm(total=E, desc="R-MAT edges", unit="edge", unit_scale=True,
-                 disable=not progress) as bar:
+            progress_bar(total=E, desc="R-MAT edges", unit="edge", unit_scale=True,
+                         disable=not progress) as bar:
 
         def draw(first: int, into: Tuple[np.ndarray, np.ndarray]) -> List[Future]:
             # Blocks draw from their own streams: in any order, on any thread.

@@ -69,13 +69,20 @@ class PartitionBook:
         return self.meta.get("parts", [])
 
     def summary(self) -> str:
-        r"""A table like BNS-GCN's Table 1: inner and halo nodes per part."""
-        lines = [f"{'part':>4} {'inner':>10} {'halo':>10} {'halo/inner':>10} "
+        r"""A table like BNS-GCN's Table 1: inner and halo nodes per part, its
+        in-edges and training nodes, and the largest part over the mean of
+        each (the rank that sets the pace and the memory)."""
+        lines = [f"{'part':>8} {'inner':>10} {'halo':>10} {'halo/inner':>10} "
                  f"{'edges':>12} {'train':>8}"]
         for s in self.stats:
-            lines.append(f"{s['part']:>4} {s['num_inner']:>10,} {s['num_halo']:>10,} "
+            lines.append(f"{s['part']:>8} {s['num_inner']:>10,} {s['num_halo']:>10,} "
                          f"{s['halo_ratio']:>10.3f} {s['num_edges']:>12,} "
                          f"{s.get('num_train', 0):>8,}")
+        if self.stats:
+            ratio = part_imbalance(self.stats)
+            lines.append(f"{'max/mean':>8} {ratio['num_inner']:>10.3f} "
+                         f"{ratio['num_halo']:>10.3f} {'':>10} {ratio['num_edges']:>12.3f} "
+                         f"{ratio.get('num_train', float('nan')):>8.3f}")
         m = self.meta
         lines.append(f"method={m.get('method')} objective={m.get('objective')} "
                      f"edge_cut={m.get('edge_cut', 0):,} "
@@ -91,6 +98,8 @@ class PartitionBook:
         files[BOOK_FILE] = save_checked({"partptr": self.partptr, "perm": self.perm},
                                         osp.join(root, BOOK_FILE))
         self.meta["files"] = files
+        if self.meta.get("parts"):
+            self.meta["imbalance"] = part_imbalance(self.meta["parts"])
         save_json(self.meta, osp.join(root, META_FILE))
 
     @classmethod
@@ -175,3 +184,20 @@ def versions() -> Dict[str, str]:
 
     return {"pyg_dist": __version__, "torch": torch.__version__,
             "torch_geometric": torch_geometric.__version__}
+
+
+#: The per-part counts whose largest part over the mean :func:`part_imbalance` gives.
+BALANCED_COUNTS = ("num_inner", "num_halo", "num_rows", "num_edges", "num_train")
+
+
+def part_imbalance(stats: List[Dict[str, Any]]) -> Dict[str, float]:
+    r"""The largest part over the mean part (1.0: even) of each count of
+    :data:`BALANCED_COUNTS` the parts' :obj:`stats` hold (``num_rows``:
+    inner plus halo rows, what a rank's layers hold)."""
+    rows = [{**s, "num_rows": s.get("num_inner", 0) + s.get("num_halo", 0)} for s in stats]
+    out = {}
+    for key in BALANCED_COUNTS:
+        values = [row[key] for row in rows if key in row]
+        if values and sum(values) > 0:
+            out[key] = max(values) * len(values) / sum(values)
+    return out

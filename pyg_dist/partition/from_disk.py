@@ -30,9 +30,12 @@ the whole graph or of a part:
 Ranks memory-map both ``.npy`` files (:meth:`pyg_dist.DistData.load`).
 
 The parts equal those :func:`~pyg_dist.partition_graph` builds in memory
-for the same assignment, tensor for tensor. ``meta.json`` is written last
-and any old one is removed first, so an interrupted run leaves nothing that
-loads.
+for the same assignment, tensor for tensor. They are written to a staging
+folder inside the root and swapped in once complete
+(:func:`~pyg_dist.partition.staging.staged`): an interrupted or failed run
+leaves the root as it was, its partition whole. Before any work, the disk
+space the run takes at its peak (:func:`disk_bytes`) is checked against
+the free space of the root's filesystem.
 """
 import hashlib
 import os
@@ -44,18 +47,19 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from pyg_dist.integrity import Sum64, read_json, save_checked
 from pyg_dist.labels import label_classes
-from pyg_dist.partition.book import (FORMAT_VERSION, META_FILE, PartitionBook, edges_file,
-                                     features_file, owner_of, part_file, partitioning_id,
-                                     versions)
+from pyg_dist.partition.book import (FORMAT_VERSION, PartitionBook, edges_file, features_file,
+                                     owner_of, part_file, partitioning_id, versions)
 from pyg_dist.partition.kaminpar import kaminpar_assignment
-from pyg_dist.partition.metis import (OBJECTIVES, metis_csr_assignment, random_assignment,
-                                      rebalance)
-from pyg_dist.partition.parhip import read_csr, spill_by_range, write_sampled, write_symmetric
+from pyg_dist.partition.balance import (balance as balance_parts, check_balance,
+                                        partitioner_weights, weight_columns)
+from pyg_dist.partition.metis import OBJECTIVES, metis_csr_assignment, random_assignment
+from pyg_dist.partition.parhip import (add_node_weights, id_format, read_csr, spill_by_range,
+                                      write_sampled, write_symmetric)
 from pyg_dist.partition.refine import refine
+from pyg_dist.partition.staging import check_free_space, progress_bar, staged
 from pyg_dist.utils.npy import GraphFileError, NpyReader, NpyWriter
 
 MASKS = ("train_mask", "val_mask", "test_mask")
@@ -63,7 +67,8 @@ METHODS = ("kaminpar", "metis", "random")
 # Edges per chunk: the passes hold a few int64 arrays of this length.
 CHUNK_EDGES = 1 << 23
 CHUNK_NODES = 1 << 20
-TMP_DIR = ".partition-tmp"
+# Scratch files, inside the staging folder (pyg_dist.partition.staging).
+WORK_DIR = "work"
 # KaMinPar reads at most this many neighbours per node on average (a sample
 # beyond), which bounds its memory (alone at R-MAT 2^24: 3.3 GiB reading
 # 201M neighbours, 2.5 GiB reading 134M; measured). After refinement, the cut
@@ -96,8 +101,8 @@ class GraphFolder:
         self.num_nodes, self.num_edges = len(self.x), len(self.src)
         self.y = self._node_array("y") if osp.exists(self.path("y")) else None
         self.masks = {k: self._node_array(k, bool) for k in MASKS if osp.exists(self.path(k))}
-        for key in balance:
-            if key not in self.masks:
+        for key in check_balance(balance):
+            if key.endswith("_mask") and key not in self.masks:
                 raise GraphFileError(f"balance names '{key}', but '{self.path(key)}' does "
                                      f"not exist (pass balance=() or --balance none)")
 
@@ -194,6 +199,13 @@ def partition_folder(
     result is then refined on the whole graph
     (:func:`~pyg_dist.partition.refine.refine`).
     ``meta["partitioner_input"]`` records what it read.
+
+    The parts are written beside the partition already in :obj:`root` and
+    swapped in once complete (:func:`~pyg_dist.partition.staging.staged`:
+    a failed or interrupted run leaves that one whole). A run whose
+    :func:`disk_bytes` exceed the free space of :obj:`root`'s filesystem is
+    refused before any work
+    (:class:`~pyg_dist.partition.staging.NoSpaceError`).
     """
     if method not in METHODS:
         raise ValueError(f"Unknown method '{method}' for a graph folder (choose from "
@@ -205,7 +217,7 @@ def partition_folder(
         raise ValueError(f"Unknown METIS objective '{objective}' (choose from "
                          f"{', '.join(OBJECTIVES)})")
     graph = GraphFolder(folder, () if balance is None else balance)
-    balance = tuple(graph.masks) if balance is None else tuple(balance)
+    balance = ("edges", *graph.masks) if balance is None else tuple(balance)
     if not isinstance(num_parts, int) or not 1 <= num_parts <= graph.num_nodes:
         raise ValueError(f"num_parts must be an integer in [1, {graph.num_nodes}] (the "
                          f"nodes of '{folder}'), got {num_parts!r}")
@@ -213,15 +225,14 @@ def partition_folder(
     runs_partitioner = method != "random" and num_parts > 1
     names = ["check edges", *(["partitioner input", method] if runs_partitioner else []),
              "edges to parts", "part files", "features"]
-    steps = _Steps(names, f"partition {folder} ({method})", progress)
-
-    os.makedirs(root, exist_ok=True)
-    if osp.exists(osp.join(root, META_FILE)):  # what follows overwrites its parts
-        os.remove(osp.join(root, META_FILE))
-    work = osp.join(root, TMP_DIR)
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    try:
+    _check_space(graph, num_parts, runs_partitioner, root)
+    # Written beside the partition in root, which stays whole until this one
+    # is complete; the bar is closed before the message of a failure.
+    with staged(root) as stage, progress_bar(total=len(names), unit="step",
+                                             desc=f"partition {folder} ({method})",
+                                             disable=not progress) as bar:
+        steps, work = _Steps(bar), osp.join(stage, WORK_DIR)
+        os.makedirs(work)
         with steps("check edges"):
             ghash, deg_out, deg_in = scan_edges(graph, chunk_edges)
         # Node-sized arrays wait on disk while the partitioner runs (its peak
@@ -241,52 +252,98 @@ def partition_folder(
             with steps(method):
                 assignment, partitioner_input = _partition(
                     path, graph.num_nodes, entries, num_parts, method, objective,
-                    [graph.masks[k] for k in balance], seed, partitioner_degree)
+                    balance, graph.masks, degrees, seed, partitioner_degree)
         deg_out, deg_in = np.load(degrees)
         with steps("edges to parts"):
             book, buckets, halos, edge_cut = _spill_edges(
                 graph, assignment, deg_in, num_parts, work, chunk_edges, bucket_entries)
         with steps("part files"):
             files, part_stats = _write_parts(graph, book, buckets, halos, deg_in,
-                                             deg_out, ghash, root, chunk_edges)
+                                             deg_out, ghash, stage, chunk_edges)
             comm_volume = int(sum(h.size for h in halos))
             del halos, deg_in, deg_out  # node-sized: not held while the features stream
         with steps("features"):
-            files.update(_write_features(graph, assignment.numpy(), num_parts, root))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-        steps.close()
+            files.update(_write_features(graph, assignment.numpy(), num_parts, stage))
+        shutil.rmtree(work)  # not swapped in (on a failure, the stage goes whole)
 
-    mask_counts = {key: sum(stat[key] for stat in part_stats)  # each part's, summed
-                   for key in (f"num_{k.split('_')[0]}" for k in MASKS if k in graph.masks)}
-    book.meta = {
-        "format_version": FORMAT_VERSION, "graph_hash": ghash,
-        "partitioning_id": partitioning_id(ghash, book.perm, book.partptr),
-        "num_parts": num_parts, "method": method,
-        "objective": objective if method == "metis" else None,
-        "balance": list(balance), "seed": seed, "block_hops": None,
-        "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
-        "num_features": int(graph.x.shape[1]),
-        "num_classes": num_classes,
-        "partitioner_input": partitioner_input,
-        "edge_cut": edge_cut, "edge_cut_ratio": edge_cut / max(graph.num_edges, 1),
-        "comm_volume": comm_volume,
-        **mask_counts, "parts": part_stats, "versions": versions(),
-        "source": osp.abspath(folder), "files": files, "steps": steps.done,
-    }
-    book.save(root)  # meta.json last: its presence marks a complete write
+        mask_counts = {key: sum(stat[key] for stat in part_stats)  # each part's, summed
+                       for key in (f"num_{k.split('_')[0]}" for k in MASKS if k in graph.masks)}
+        book.meta = {
+            "format_version": FORMAT_VERSION, "graph_hash": ghash,
+            "partitioning_id": partitioning_id(ghash, book.perm, book.partptr),
+            "num_parts": num_parts, "method": method,
+            "objective": objective if method == "metis" else None,
+            "balance": list(balance), "seed": seed, "block_hops": None,
+            "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
+            "num_features": int(graph.x.shape[1]),
+            "num_classes": num_classes,
+            "partitioner_input": partitioner_input,
+            "edge_cut": edge_cut, "edge_cut_ratio": edge_cut / max(graph.num_edges, 1),
+            "comm_volume": comm_volume,
+            **mask_counts, "parts": part_stats, "versions": versions(),
+            "source": osp.abspath(folder), "files": files, "steps": steps.done,
+        }
+        book.save(stage)  # meta.json last: its presence marks a complete write
     return book
 
 
+def disk_bytes(graph: GraphFolder, num_parts: int, runs_partitioner: bool = True) -> int:
+    r"""An upper bound of the disk space :func:`partition_folder` takes at
+    its peak, from the sizes of :obj:`graph` alone (:math:`N` nodes,
+    :math:`E` edges, :math:`H \le \min(E, (K - 1) N)` halo nodes over the
+    :math:`K` parts):
+
+    * what it writes: the parts' ``edge_index`` (:math:`16 E`), the
+      feature rows (the size of ``x.npy``), the part files (per inner or
+      halo node four int64 ids and degrees, per halo node three more; the
+      labels and masks of the inner nodes) and the book (:math:`8 N`);
+    * its scratch files at their peak, while the part files are written:
+      the degrees (:math:`16 N`), the partitioner's input (:math:`8 N` of
+      offsets and :math:`2 E` neighbour ids, 4 or 8 bytes each) and the
+      edges spilled by target (:math:`8 E`); or, when building that input,
+      both directions of every edge spilled (:math:`16 E`).
+    """
+    n, e = graph.num_nodes, graph.num_edges
+    halo = min(e, (num_parts - 1) * n)
+    labels = sum(_nbytes(a) for a in (graph.y, *graph.masks.values()) if a is not None)
+    written = (16 * e + _nbytes(graph.x) + 32 * (n + halo) + 24 * halo + labels + 8 * n
+               + num_parts * (4096 + 16 * num_parts))
+    parhip = 8 * (n + 1) + 2 * e * id_format(n)[1].itemsize if runs_partitioner else 0
+    scratch = 16 * n + max(parhip + 8 * e, 16 * e if runs_partitioner else 0)
+    return written + scratch
+
+
+def _nbytes(array: NpyReader) -> int:
+    return int(np.prod(array.shape)) * array.dtype.itemsize
+
+
+def _check_space(graph: GraphFolder, num_parts: int, runs_partitioner: bool,
+                 root: str) -> None:
+    r"""Refuses (:class:`~pyg_dist.partition.staging.NoSpaceError`, before
+    any work) a partition whose :func:`disk_bytes` exceed the free space on
+    the filesystem of :obj:`root` (the partition already there stays until
+    the new one is complete: its space is not counted as free)."""
+    check_free_space(disk_bytes(graph, num_parts, runs_partitioner), root,
+                     f"partitioning '{graph.folder}' into {num_parts} parts")
+
+
 def _partition(path: str, num_nodes: int, entries: int, num_parts: int, method: str,
-               objective: str, masks: List[NpyReader], seed: int,
-               partitioner_degree: Optional[float]) -> Tuple[torch.Tensor, Dict[str, Any]]:
+               objective: str, balance: Sequence[str], masks: Dict[str, NpyReader],
+               degrees: str, seed: int, partitioner_degree: Optional[float]
+               ) -> Tuple[torch.Tensor, Dict[str, Any]]:
     r"""The assignment of the symmetrised graph in the ParHIP file
     :obj:`path` (:obj:`num_nodes` nodes, :obj:`entries` neighbour ids), with
-    :obj:`masks` balanced (read once the partitioner is done), and what the
-    partitioner read."""
+    what :obj:`balance` names balanced (:mod:`~pyg_dist.partition.balance`:
+    the in-edges, from the in-degrees in :obj:`degrees`, which the
+    partitioner also weighs nodes by, and :obj:`masks`, read once the
+    partitioner is done), and what the partitioner read."""
     read = {"neighbours": entries, "keep_probability": 1.0, "refined": False}
+    edges = "edges" in balance
+    node_weights = partitioner_weights(np.load(degrees)[1]) if edges else None
     if method == "kaminpar":
+        if node_weights is not None:
+            add_node_weights(path, node_weights)
+        del node_weights  # on disk now: not held beside KaMinPar's peak
         keep = (1.0 if partitioner_degree is None or entries == 0
                 else partitioner_degree * num_nodes / entries)
         if keep < 1.0:
@@ -303,22 +360,23 @@ def _partition(path: str, num_nodes: int, entries: int, num_parts: int, method: 
     # whose peak it would add to).
     csr = read_csr(path) if method == "metis" else None
     if csr is not None:
-        assignment = metis_csr_assignment(*csr, num_parts, objective, seed)
-    if masks:
+        assignment = metis_csr_assignment(*csr, num_parts, objective, seed, node_weights)
+    if num_parts > 1 and (edges or any(k in masks for k in balance)):
         rowptr, col = csr or read_csr(path)
-        balance = np.stack([mask.read() for mask in masks], 1)
-        rebalance(assignment, torch.from_numpy(rowptr), torch.from_numpy(col),
-                  torch.from_numpy(balance), num_parts)
+        names, weights = weight_columns(balance, np.load(degrees)[1],
+                                        {k: masks[k].read() for k in balance if k in masks})
+        balance_parts(assignment.numpy(), rowptr, col, weights, num_parts,
+                      edges=names.index("edges") if edges else None)
     return assignment, read
 
 
 class _Steps:
     r"""Times the named steps of a run (``meta["steps"]``: when each
     started, in seconds since the epoch, and how long it took) and shows
-    them on a progress bar."""
+    them on the progress bar :obj:`bar`."""
 
-    def __init__(self, names: Sequence[str], desc: str, progress: bool):
-        self.bar = tqdm(total=len(names), desc=desc, unit="step", disable=not progress)
+    def __init__(self, bar):
+        self.bar = bar
         self.done: List[Dict[str, Any]] = []
 
     @contextmanager
@@ -329,9 +387,6 @@ class _Steps:
         self.done.append({"step": name, "started": started,
                           "seconds": time.perf_counter() - clock})
         self.bar.update()
-
-    def close(self) -> None:
-        self.bar.close()
 
 
 def _spill_edges(graph: GraphFolder, assignment: torch.Tensor, deg_in: np.ndarray,

@@ -5,13 +5,15 @@ built from edge chunks on disk in bounded memory and stored in KaMinPar's
 The file is a 24-byte header ``[version, n, m]`` (``uint64``), then
 ``n + 1`` byte offsets of the neighbour lists (``uint64``), then the ``m``
 neighbour ids: ``uint32`` when every id fits (version 11), else
-``uint64`` (version 3). KaMinPar reads the whole file before compressing
-it, so the narrower ids halve its peak memory.
+``uint64`` (version 3); then, in a file with node weights (versions 9 and
+1, :func:`add_node_weights`), ``n`` weights (``uint64``), which KaMinPar
+balances. KaMinPar reads the whole file before compressing it, so the
+narrower ids halve its peak memory.
 """
 import math
 import os
 import os.path as osp
-from typing import Callable, Iterable, Iterator, Sequence, Tuple
+from typing import Callable, Iterable, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -22,6 +24,8 @@ OFFSET = np.dtype("<u8")
 # ParHIP's version bits: 1 = no edge weights, 2 = no node weights,
 # 8 = 32-bit node ids (unset: 64-bit).
 VERSIONS = {3: np.dtype("<u8"), 11: np.dtype("<u4")}
+NO_NODE_WEIGHTS = 2
+WEIGHT = np.dtype("<u8")
 
 
 def id_format(num_nodes: int) -> Tuple[int, np.dtype]:
@@ -117,13 +121,14 @@ def _header_and_offsets(version: int, id_type: np.dtype, degree: np.ndarray,
 
 
 def read_offsets(path: str) -> Tuple[np.ndarray, int, np.dtype]:
-    r"""The row pointer (int64, in entries) of the unweighted ParHIP file
-    :obj:`path`, the byte position of its first neighbour id and the ids' type."""
+    r"""The row pointer (int64, in entries) of the ParHIP file :obj:`path`
+    (without edge weights), the byte position of its first neighbour id and
+    the ids' type."""
     header = np.fromfile(path, dtype=OFFSET, count=3)
-    version = int(header[0]) if header.size == 3 else None
+    version = int(header[0]) | NO_NODE_WEIGHTS if header.size == 3 else None
     if version not in VERSIONS:
-        raise ValueError(f"'{path}' is not an unweighted ParHIP file of version "
-                         f"{' or '.join(map(str, VERSIONS))}")
+        raise ValueError(f"'{path}' is not a ParHIP file of version 3, 11 or (with node "
+                         f"weights) 1, 9")
     num_nodes, id_type = int(header[1]), VERSIONS[version]
     start = HEADER_BYTES + (num_nodes + 1) * OFFSET.itemsize
     offsets = np.fromfile(path, dtype=OFFSET, count=num_nodes + 1, offset=HEADER_BYTES)
@@ -137,6 +142,30 @@ def read_csr(path: str) -> Tuple[np.ndarray, np.ndarray]:
     col_type = np.uint32 if id_type.itemsize == 4 else np.int64
     return rowptr, np.memmap(path, dtype=col_type, mode="c", offset=start,
                              shape=(int(rowptr[-1]), ))
+
+
+def add_node_weights(path: str, weights: np.ndarray) -> None:
+    r"""Gives the nodes of the ParHIP file :obj:`path` the :obj:`weights`
+    (positive integers, one per node) that a partitioner balances; readers
+    of the graph are unaffected."""
+    rowptr, start, id_type = read_offsets(path)
+    end = start + int(rowptr[-1]) * id_type.itemsize
+    with open(path, "r+b") as f:
+        version = int(np.frombuffer(f.read(8), dtype=OFFSET)[0])
+        f.seek(0)
+        f.write(np.array([version & ~NO_NODE_WEIGHTS], dtype=OFFSET).tobytes())
+        f.truncate(end)
+        f.seek(end)
+        f.write(np.asarray(weights, dtype=WEIGHT).tobytes())
+
+
+def node_weights(path: str) -> Optional[np.ndarray]:
+    r"""The node weights of the ParHIP file :obj:`path` (``None``: none)."""
+    if int(np.fromfile(path, dtype=OFFSET, count=1)[0]) & NO_NODE_WEIGHTS:
+        return None
+    rowptr, start, id_type = read_offsets(path)
+    return np.fromfile(path, dtype=WEIGHT, count=rowptr.size - 1,
+                       offset=start + int(rowptr[-1]) * id_type.itemsize)
 
 
 def neighbour_chunks(path: str, chunk_entries: int = 1 << 23
@@ -181,6 +210,9 @@ def write_sampled(path: str, out_path: str, keep: float, seed: int = 0,
         out.seek(0)
         out.write(_header_and_offsets(version, id_type, degree, entries))
     os.replace(out_path + ".tmp", out_path)
+    weights = node_weights(path)
+    if weights is not None:  # the sample is partitioned under the same balance
+        add_node_weights(out_path, weights)
     return entries
 
 

@@ -2,6 +2,7 @@
 import hashlib
 import os
 import os.path as osp
+from contextlib import nullcontext
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
@@ -12,11 +13,16 @@ from pyg_dist.integrity import save_checked
 from pyg_dist.labels import LABELLED, label_classes
 from pyg_dist.partition.book import (FORMAT_VERSION, PartitionBook, owner_of, part_file,
                                      partitioning_id, versions)
+from pyg_dist.partition.balance import check_balance, weight_columns
 from pyg_dist.partition.block import block_assignment
 from pyg_dist.partition.metis import OBJECTIVES, metis_assignment, random_assignment
+from pyg_dist.partition.staging import progress_bar, staged
 
 METHODS = ("metis", "kaminpar", "random", "block")
-DEFAULT_BALANCE = ("train_mask", "val_mask", "test_mask")
+MASKS = ("train_mask", "val_mask", "test_mask")
+#: Balanced by default besides the node count (DistDGL's balance_edges and
+#: balance_ntypes): the in-edges and the masks.
+DEFAULT_BALANCE = ("edges", ) + MASKS
 
 
 def graph_hash(data: Data) -> str:
@@ -51,8 +57,8 @@ def _validate(data: Data, num_parts: int, method: str, objective: str,
         raise ValueError(f"data.edge_index holds node ids outside "
                          f"[0, {num_nodes}) (min {int(edge_index.min())}, "
                          f"max {int(edge_index.max())})")
-    for key in balance:
-        if getattr(data, key, None) is None:
+    for key in check_balance(balance):
+        if key.endswith("_mask") and getattr(data, key, None) is None:
             raise ValueError(f"balance names '{key}', but the graph has no "
                              f"such node mask")
 
@@ -73,7 +79,10 @@ def partition_graph(
     r"""Partitions :obj:`data` into :obj:`num_parts` parts for
     partition-parallel training and, if :obj:`root` is given, writes
     ``root/meta.json``, ``root/book.pt`` and one ``root/part_{r}.pt`` per
-    part (loaded with :meth:`pyg_dist.DistData.load`).
+    part (loaded with :meth:`pyg_dist.DistData.load`). A partition already
+    in :obj:`root` is replaced only once the new one is complete
+    (:func:`~pyg_dist.partition.staging.staged`): until then it stays whole,
+    and a run that fails or is interrupted leaves it as it was.
 
     :obj:`data` is a :class:`~torch_geometric.data.Data` in memory or the
     path of a *graph folder* of ``.npy`` files, which is partitioned out of
@@ -87,10 +96,13 @@ def partition_graph(
     :obj:`method` (default ``"metis"``) ``"metis"`` minimises the total
     communication volume
     :math:`\sum_r |\mathrm{halo}(r)|` (``objective="vol"``) or the edge cut
-    (``"cut"``) on the symmetrised graph, while balancing the node count and
-    every mask named in :obj:`balance` (DistDGL's multi-constraint balance);
-    ``"kaminpar"`` minimises the edge cut with KaMinPar's memory-efficient
-    (TeraPart) configuration, then balances the masks the same way.
+    (``"cut"``) on the symmetrised graph, ``"kaminpar"`` the edge cut with
+    KaMinPar's memory-efficient (TeraPart) configuration; both then balance
+    the node count and what :obj:`balance` names (DistDGL's multi-constraint
+    balance, :mod:`~pyg_dist.partition.balance`): ``"edges"``, each part's
+    in-edges (the edges its rank aggregates over), which the partitioner
+    also weighs nodes by, and masks (``"train_mask"``, ...), each part
+    within 3% of the mean.
 
     ``method="block"`` is ByteGNN's GNN-aware partitioner
     (:mod:`~pyg_dist.partition.block`): :obj:`block_hops`-hop blocks around
@@ -104,9 +116,9 @@ def partition_graph(
 
     Directed graphs are accepted: METIS sees the symmetrised structure, and
     message passing follows the edge directions as given. Missing masks
-    named in :obj:`balance` (default: train/val/test; for a graph folder,
-    the masks it holds) raise; pass ``balance=()`` to balance node counts
-    only. The result is deterministic for a :obj:`seed` (KaMinPar's may vary
+    named in :obj:`balance` (default: the in-edges and train/val/test; for
+    a graph folder, the in-edges and the masks it holds) raise; pass
+    ``balance=()`` to balance node counts only. The result is deterministic for a :obj:`seed` (KaMinPar's may vary
     from run to run: ``book.pt`` records the one written). :obj:`progress`
     shows a bar over the steps (assignment, parts, files).
 
@@ -136,43 +148,48 @@ def partition_graph(
         raise ValueError(f"num_classes={num_classes} was given, but the graph has no labels "
                          f"(data.y)")
     num_nodes, edge_index = data.num_nodes, data.edge_index
-    from tqdm import tqdm
-    bar = tqdm(total=2 + inductive, desc=f"partition ({method})", unit="step",
-               disable=not progress)
-
-    masks = torch.stack([getattr(data, key).view(-1).bool() for key in balance],
-                        1) if balance else None
-    if method == "metis":
-        assignment = metis_assignment(edge_index, num_nodes, num_parts, objective,
-                                      masks, seed)
-    elif method == "kaminpar":
-        from pyg_dist.partition.kaminpar import kaminpar_graph_assignment
-        assignment = kaminpar_graph_assignment(edge_index, num_nodes, num_parts, masks, seed)
-    elif method == "block":
-        if masks is None:
-            raise ValueError("method 'block' builds blocks around the nodes of the "
-                             "balance masks (e.g. train/val/test): balance is empty")
-        if block_hops < 0:
-            raise ValueError(f"block_hops must be >= 0 (got {block_hops})")
-        assignment = block_assignment(edge_index, num_nodes, masks, num_parts, block_hops)
-    else:
-        assignment = random_assignment(num_nodes, num_parts, seed)
-    bar.update()
-
-    settings = {"method": method, "objective": objective if method == "metis" else None,
-                "balance": list(balance), "seed": seed,
-                "block_hops": block_hops if method == "block" else None,
-                "num_classes": num_classes}
-    if inductive:
-        train = data.train_mask.view(-1).bool()
-        bar.set_postfix_str("train-node subgraph")
-        write_parts(data.subgraph(train), assignment[train], num_parts, settings,
-                    osp.join(root, "train_graph"))
+    with progress_bar(total=2 + inductive, desc=f"partition ({method})", unit="step",
+                      disable=not progress) as bar:
+        named = [key for key in balance if key.endswith("_mask")]
+        masks = torch.stack([getattr(data, key).view(-1).bool() for key in named],
+                            1) if named else None
+        names, weights = weight_columns(
+            balance, torch.bincount(edge_index[1], minlength=num_nodes).numpy(),
+            {key: getattr(data, key).view(-1).numpy() for key in named})
+        edges = names.index("edges") if "edges" in names else None
+        if method == "metis":
+            assignment = metis_assignment(edge_index, num_nodes, num_parts, objective,
+                                          weights, edges, seed)
+        elif method == "kaminpar":
+            from pyg_dist.partition.kaminpar import kaminpar_graph_assignment
+            assignment = kaminpar_graph_assignment(edge_index, num_nodes, num_parts, weights,
+                                                   edges, seed)
+        elif method == "block":
+            if masks is None:
+                raise ValueError("method 'block' builds blocks around the nodes of the "
+                                 "balance masks (e.g. train/val/test): balance is empty")
+            if block_hops < 0:
+                raise ValueError(f"block_hops must be >= 0 (got {block_hops})")
+            assignment = block_assignment(edge_index, num_nodes, masks, num_parts, block_hops)
+        else:
+            assignment = random_assignment(num_nodes, num_parts, seed)
         bar.update()
-    bar.set_postfix_str("parts" + (" and files" if root else ""))
-    book = write_parts(data, assignment, num_parts, settings, root)
-    bar.update()
-    bar.close()
+
+        settings = {"method": method, "objective": objective if method == "metis" else None,
+                    "balance": list(balance), "seed": seed,
+                    "block_hops": block_hops if method == "block" else None,
+                    "num_classes": num_classes}
+        # Written beside the partition already in root, swapped in once complete.
+        with nullcontext() if root is None else staged(root) as stage:
+            if inductive:
+                train = data.train_mask.view(-1).bool()
+                bar.set_postfix_str("train-node subgraph")
+                write_parts(data.subgraph(train), assignment[train], num_parts, settings,
+                            osp.join(stage, "train_graph"))
+                bar.update()
+            bar.set_postfix_str("parts" + (" and files" if root else ""))
+            book = write_parts(data, assignment, num_parts, settings, stage)
+        bar.update()
     return book
 
 
@@ -187,7 +204,7 @@ def write_parts(data: Data, assignment: Tensor, num_parts: int, settings: Dict[s
     partitioning = partitioning_id(ghash, perm, partptr)
     for item in parts:
         item["graph_hash"], item["partitioning_id"] = ghash, partitioning
-    masks = {k: getattr(data, k) for k in DEFAULT_BALANCE if getattr(data, k, None) is not None}
+    masks = {k: getattr(data, k) for k in MASKS if getattr(data, k, None) is not None}
 
     edge_cut = int((assignment[edge_index[0]] != assignment[edge_index[1]]).sum())
     meta: Dict[str, Any] = {
@@ -243,7 +260,7 @@ def build_parts(data: Data, assignment: Tensor, num_parts: int):
 
     node_keys = [k for k in data.keys() if data.is_node_attr(k) and k != "edge_index"]
     edge_keys = [k for k in data.keys() if data.is_edge_attr(k) and k != "edge_index"]
-    masks = {k: getattr(data, k) for k in DEFAULT_BALANCE if getattr(data, k, None) is not None}
+    masks = {k: getattr(data, k) for k in MASKS if getattr(data, k, None) is not None}
     part_stats: List[Dict[str, Any]] = []
     parts = []
     for r in range(num_parts):

@@ -1,11 +1,14 @@
 """Out-of-core partitioning of a graph folder: parts equal the in-memory
-path's for the same assignment, bad files are refused in one line, and an
-interrupted run leaves nothing that loads."""
+path's for the same assignment, bad files are refused in one line, and a
+run that is killed, interrupted or finds the disk full leaves the partition
+already in its root whole."""
 import json
 import os
 import os.path as osp
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -214,13 +217,14 @@ def test_bad_files_are_refused_in_one_line(tmp_path):
     _refusal(folder, "x.npy' does not exist", tmp_path)
 
 
-def test_an_interrupted_run_leaves_nothing_that_loads(tmp_path):
+def test_a_killed_run_leaves_the_old_partition_whole(tmp_path):
     data = small_graph(seed=1)
     folder = write_folder(data, tmp_path / "graph")
     root = tmp_path / "parts"
     partition_graph(str(folder), 2, method="random", root=str(root))
-    # A second run killed while writing parts: the old meta.json is gone
-    # first, so the half-new folder is refused rather than mixed.
+    before = {name: (root / name).read_bytes() for name in os.listdir(root)}
+    # A second run killed outright while writing parts: the new files are
+    # staged beside the old partition, which stays whole and loads.
     code = (f"import os, signal, pyg_dist.partition.from_disk as m\n"
             f"real = m._write_features\n"
             f"def die(*a, **k): os.kill(os.getpid(), signal.SIGKILL)\n"
@@ -228,8 +232,14 @@ def test_an_interrupted_run_leaves_nothing_that_loads(tmp_path):
             f"m.partition_folder({str(folder)!r}, 2, {str(root)!r}, method='random', seed=1)\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True)
     assert run.returncode == -9
-    with pytest.raises(FileNotFoundError, match="No partition metadata"):
-        DistData.load(str(root), 0)
+    assert osp.isdir(root / ".partition-tmp")  # what SIGKILL leaves: no clean-up ran
+    assert {name: (root / name).read_bytes() for name in before} == before
+    DistData.load(str(root), 0)
+    # The next run removes it and replaces the partition.
+    book = partition_folder(str(folder), 2, str(root), method="random", seed=1)
+    assert sorted(os.listdir(root)) == sorted(before)
+    assert PartitionBook.load(str(root)).meta["partitioning_id"] == \
+        book.meta["partitioning_id"] != json.loads(before["meta.json"])["partitioning_id"]
 
 
 def test_cli_generates_partitions_and_trains_out_of_core(tmp_path):
@@ -280,7 +290,7 @@ def test_a_folder_of_edges_and_features_only(tmp_path):
     np.save(folder / "dst.npy", data.edge_index[1].numpy())
     np.save(folder / "x.npy", data.x.numpy())
     book = partition_graph(str(folder), 2, root=str(tmp_path / "parts"))
-    assert book.meta["balance"] == [] and book.meta["num_classes"] is None
+    assert book.meta["balance"] == ["edges"] and book.meta["num_classes"] is None
     part = DistData.load(str(tmp_path / "parts"), 0)
     assert part.y is None and part.x.size(0) == part.num_inner
     with pytest.raises(GraphFileError, match="balance names 'train_mask'"):
@@ -297,3 +307,100 @@ def test_the_preflight_names_a_bad_file_kept_apart(tmp_path, capsys, name):
     assert "corrupt" in _refused(capsys, "train", ["--root", root, *TRAIN], name)
     os.remove(osp.join(root, name))
     assert "missing" in _refused(capsys, "train", ["--root", root, *TRAIN], name)
+
+
+def _files(root):
+    return {name: (root / name).read_bytes() for name in sorted(os.listdir(root))}
+
+
+def _kaminpar_children(pid):
+    r"""The KaMinPar processes process :obj:`pid` started (Linux)."""
+    found = []
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            for child in f.read().split():
+                with open(f"/proc/{child}/cmdline", "rb") as cmd:
+                    if b"kaminpar" in cmd.read():
+                        found.append(int(child))
+    except OSError:
+        pass
+    return found
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_signal_leaves_the_old_partition_whole(tmp_path, signum):
+    from pyg_dist.datasets.rmat_disk import write_rmat
+    folder, root = str(tmp_path / "graph"), tmp_path / "parts"
+    write_rmat(folder, 15, num_features=16)
+    partition_folder(folder, 2, str(root), method="random")
+    before = _files(root)
+    run = subprocess.Popen([sys.executable, "-m", "pyg_dist.cli", "partition", "--from", folder,
+                            "--num-parts", "2", "--root", str(root)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # SIGTERM while KaMinPar runs (in a child process: it holds the
+    # interpreter lock for its whole run), the others once writing started.
+    kaminpar = []
+    while run.poll() is None:
+        kaminpar = _kaminpar_children(run.pid)
+        if kaminpar if signum == signal.SIGTERM else osp.isdir(root / ".partition-tmp"):
+            break
+        time.sleep(0.005)
+    assert kaminpar or signum != signal.SIGTERM
+    sent = time.monotonic()
+    run.send_signal(signum)
+    _, err = run.communicate(timeout=60)
+    assert time.monotonic() - sent < 10
+    name = signal.Signals(signum).name
+    assert run.returncode == 128 + signum, err
+    assert err.strip().splitlines()[-1] == (f"pyg-dist partition: interrupted ({name}): nothing "
+                                            f"was written; '{root}' is left as it was")
+    assert "Traceback" not in err
+    assert _files(root) == before  # the staging folder is gone, the old partition whole
+    DistData.load(str(root), 1)
+    assert not any(osp.exists(f"/proc/{pid}") for pid in kaminpar)
+
+
+def test_the_disk_space_is_checked_before_any_work(tmp_path, small_disk):
+    from pyg_dist.cli import main
+    from pyg_dist.datasets.rmat_disk import write_rmat
+    from pyg_dist.partition.from_disk import GraphFolder, disk_bytes
+    folder = str(tmp_path / "graph")
+    write_rmat(folder, 12, num_features=16)
+    need = disk_bytes(GraphFolder(folder), 2)
+    disk = small_disk("2M")
+    assert need > 2 * 2**20  # a graph this disk cannot take
+    start = time.monotonic()
+    with pytest.raises(SystemExit) as info:
+        main(["partition", "--from", folder, "--num-parts", "2", "--root", str(disk / "parts")])
+    message = str(info.value.code)
+    assert "\n" not in message and time.monotonic() - start < 10
+    assert f"needs up to {need:,} bytes" in message and f"which has {2 * 2**20:,} free" in message
+    assert os.listdir(disk) == []  # the root it would have created is not left behind
+
+
+@pytest.mark.parametrize("from_disk", [True, False])
+def test_a_full_disk_while_writing_leaves_the_old_partition_whole(tmp_path, small_disk,
+                                                                 from_disk):
+    from pyg_dist.cli import main
+    data = small_graph(num_nodes=2000, seed=2)
+    folder = write_folder(data, tmp_path / "graph")
+    disk = small_disk("3M")
+    root = disk / "parts"
+    args = (["--from", str(folder), "--method", "random"] if from_disk
+            else ["--num-nodes", "2000", "--data-dir", str(tmp_path / "data")])
+    main(["partition", "--num-parts", "2", "--root", str(root), *args])
+    before = _files(root)
+    st = os.statvfs(disk)
+    if from_disk:  # the estimate of the bytes passes: the files (inodes) run out
+        used = st.f_files - st.f_ffree
+        subprocess.run(["mount", "-o", f"remount,nr_inodes={used + 3}", str(disk)], check=True)
+    else:  # nothing is estimated: the bytes run out half-way (torch.save's RuntimeError)
+        (disk / "filler").write_bytes(
+            b"\0" * (st.f_bavail * st.f_frsize - sum(map(len, before.values())) // 2))
+    with pytest.raises(SystemExit) as info:
+        main(["partition", "--num-parts", "2", "--root", str(root), "--seed", "1", *args])
+    message = str(info.value.code)
+    assert "\n" not in message and "no space left on the device" in message, message
+    assert f"'{root}' is left as it was" in message
+    assert _files(root) == before
+    DistData.load(str(root), 0)

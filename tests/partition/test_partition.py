@@ -1,5 +1,6 @@
 """Partitioning: determinism, balance, halo statistics, files and bad input."""
 import json
+import os
 import os.path as osp
 
 import pytest
@@ -173,3 +174,21 @@ def test_adjacency_has_64bit_indices(graph, tmp_path):
     pyg_dist.partition_graph(graph, 2, root=str(tmp_path))
     adj_t = pyg_dist.DistData.load(str(tmp_path), 0, world_size=2).adj_t
     assert adj_t.crow_indices().dtype == adj_t.col_indices().dtype == torch.long
+
+
+def test_a_new_partition_replaces_the_old_one_whole(tmp_path, capsys):
+    from pyg_dist.cli import main
+    root = tmp_path / "parts"
+    common = ["partition", "--num-nodes", "300", "--data-dir", str(tmp_path / "data"),
+              "--root", str(root)]
+    main([*common, "--num-parts", "3", "--num-batches", "2", "--balance-batches"])
+    assert f"cohesive batches to {root / 'batches.pt'}:" in capsys.readouterr().out
+    (root / "notes.txt").write_text("mine")
+    assert {"batches.pt", "batch_parts", "part_2.pt"} <= set(os.listdir(root))
+    # Fewer parts and no batches: what belonged to the old partition goes with
+    # it (nothing describes it any more), the user's files stay.
+    main([*common, "--num-parts", "2"])
+    assert sorted(os.listdir(root)) == ["book.pt", "meta.json", "notes.txt", "part_0.pt",
+                                        "part_1.pt"]
+    assert PartitionBook.load(str(root)).num_parts == 2
+    assert "cohesive batches" not in capsys.readouterr().out

@@ -207,3 +207,38 @@ def test_failed_write_leaves_nothing(tmp_path):
     os.rmdir(tmp_path / "x.npy.tmp")
     write_rmat(str(tmp_path), scale=8, num_features=4, num_classes=2)
     assert osp.exists(tmp_path / "graph.json")
+
+
+def test_the_disk_space_is_checked_before_any_work(small_disk):
+    from pyg_dist.cli import main
+    from pyg_dist.datasets.rmat_disk import rmat_bytes
+    disk = small_disk("1M")
+    need = rmat_bytes(13, num_features=16)
+    with pytest.raises(SystemExit) as info:
+        main(["rmat", "--scale", "13", "--num-features", "16", "--out", str(disk / "g")])
+    message = str(info.value.code)
+    assert "\n" not in message and f"needs up to {need:,} bytes" in message, message
+    assert f"which has {2**20:,} free" in message and os.listdir(disk) == []
+    # What fits is written, in no more than the bound.
+    write_rmat(str(disk / "g"), 10, num_features=16)
+    written = sum(osp.getsize(disk / "g" / name) for name in os.listdir(disk / "g"))
+    assert written <= rmat_bytes(10, num_features=16) < 2 * written
+
+
+def test_a_signal_removes_what_rmat_wrote(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    out = tmp_path / "g"
+    run = subprocess.Popen([sys.executable, "-m", "pyg_dist.cli", "rmat", "--scale", "20",
+                            "--num-features", "16", "--out", str(out)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    while run.poll() is None and not osp.exists(out / "src.npy.tmp"):
+        time.sleep(0.005)
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines()[-1] == (f"pyg-dist rmat: interrupted (SIGTERM): the files "
+                                            f"written to '{out}' were removed")
+    assert os.listdir(out) == []

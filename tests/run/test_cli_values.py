@@ -53,3 +53,95 @@ def test_single_process_training_warns_nothing(tmp_path):
                        capture_output=True, text=True, timeout=120,
                        cwd=REPO)
     assert p.returncode == 0, p.stderr
+
+
+import pytest  # noqa: E402  (the partition and rmat refusals below)
+
+# Each with what its one line says; refused before any work (no --root).
+PARTITION_REFUSALS = [
+    (["--num-batches", "0"], "--num-batches must be >= 1 (got '0')"),
+    (["--num-batches", "-3"], "--num-batches must be >= 1 (got '-3')"),
+    (["--num-batches", "2", "--batch-layers", "0"], "--batch-layers must be >= 1"),
+    (["--batch-layers", "2"], "--batch-layers needs --num-batches"),
+    (["--partitioner-degree", "-1"], "--partitioner-degree must be a finite number >= 0"),
+    (["--partitioner-degree", "4"], "--partitioner-degree needs --from"),
+    (["--method", "block", "--objective", "cut"], "--objective does not apply to --method block"),
+    (["--method", "random", "--objective", "cut"], "--objective does not apply to --method random"),
+    (["--method", "kaminpar", "--objective", "vol"],
+     "--objective does not apply to --method kaminpar"),
+    (["--block-hops", "3"], "--block-hops does not apply to --method metis"),
+    (["--method", "block", "--block-hops", "-1"], "--block-hops must be >= 0 (got '-1')"),
+    (["--method", "block", "--seed", "3"], "--seed does not apply to --method block"),
+]
+
+
+def _refused(capsys, args, says):
+    from pyg_dist.cli import main
+    start = time.monotonic()
+    with pytest.raises(SystemExit) as info:
+        main(["partition", "--num-parts", "2", *args])
+    assert info.value.code != 0 and time.monotonic() - start < 10
+    message = capsys.readouterr().err + str(info.value.code)
+    assert says in message, message
+    return message
+
+
+@pytest.mark.parametrize("args,says", PARTITION_REFUSALS)
+def test_a_partition_flag_out_of_range_or_made_meaningless_is_refused(tmp_path, capsys, args,
+                                                                       says):
+    root = tmp_path / "parts"
+    _refused(capsys, ["--root", str(root), "--num-nodes", "300", "--data-dir",
+                      str(tmp_path / "data"), *args], says)
+    assert not root.exists()
+
+
+def test_flags_of_a_graph_the_partition_does_not_read_are_refused(tmp_path, capsys):
+    from pyg_dist.datasets.rmat_disk import write_rmat
+    folder = str(tmp_path / "graph")
+    write_rmat(folder, 8, num_features=16)
+    root = tmp_path / "parts"
+    for args, says in (
+            (["--from", folder, "--data-dir", str(tmp_path)],
+             "--data-dir does not apply to --from"),
+            (["--from", folder, "--data-seed", "1"], "--data-seed does not apply to --from"),
+            (["--from", folder, "--objective", "cut"],
+             "--objective does not apply to --method kaminpar"),
+            (["--from", folder, "--method", "metis", "--partitioner-degree", "3"],
+             "--partitioner-degree does not apply to --method metis"),
+            (["--dataset", "flickr", "--data-seed", "1"],
+             "--data-seed does not apply to --dataset flickr"),
+            (["--dataset", "flickr", "--num-nodes", "300"],
+             "--num-nodes does not apply to --dataset flickr")):
+        _refused(capsys, ["--root", str(root), *args], says)
+        assert not root.exists()
+
+
+def test_more_batches_than_training_nodes_are_refused_before_partitioning(tmp_path, capsys):
+    root = tmp_path / "parts"
+    message = _refused(capsys, ["--root", str(root), "--num-nodes", "300", "--data-dir",
+                                str(tmp_path / "data"), "--num-batches", "100000"],
+                       "--num-batches 100000 exceeds the graph's")
+    assert "training nodes" in message and "Traceback" not in message
+    assert not root.exists()  # nothing partitioned, and no empty root left
+
+
+def test_rmat_refuses_an_out_that_is_a_file_or_holds_anything(tmp_path, capsys):
+    from pyg_dist.cli import main
+    rmat = ["rmat", "--scale", "4", "--num-features", "16", "--out"]
+    graph, other, empty = tmp_path / "graph", tmp_path / "other", tmp_path / "empty"
+    main([*rmat, str(graph)])
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    (tmp_path / "file").write_text("mine")
+    for out, says in ((tmp_path / "file", "is a file, not a directory"),
+                      (graph, f"--out '{graph}' is not empty"),
+                      (other, f"--out '{other}' is not empty")):
+        before = sorted(os.listdir(out)) if out.is_dir() else out.read_text()
+        with pytest.raises(SystemExit) as info:
+            main([*rmat, str(out)])
+        message = str(info.value.code)
+        assert "\n" not in message and says in message, message
+        assert (sorted(os.listdir(out)) if out.is_dir() else out.read_text()) == before
+    empty.mkdir()
+    main([*rmat, str(empty)])
+    assert "graph.json" in os.listdir(empty)

@@ -3,6 +3,7 @@ batches minimising :math:`J(P) = \sum_B C(B)` (Eq. 14), the cost of the
 batches' K-hop computational graphs (:class:`~pyg_dist.loader.cohesive.cost.HopGraph`)."""
 from typing import List, Optional, Tuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -211,10 +212,10 @@ def cohesive_batches(graph: HopGraph, edge_index: Tensor, nodes: Tensor,
         return recursive_bisection(graph, nodes, num_batches)
     if method != "metis":
         raise ValueError(f"Unknown batching method '{method}' (exact, metis, auto)")
-    masks = torch.zeros(graph.num_nodes, 1, dtype=torch.bool)
-    masks[nodes] = True
+    trained = np.zeros((graph.num_nodes, 1), dtype=np.int64)
+    trained[nodes.numpy()] = 1
     parts = metis_assignment(edge_index, graph.num_nodes, num_batches, objective="cut",
-                             balance_masks=masks, seed=seed, tolerance=tolerance)[nodes]
+                             weights=trained, seed=seed, tolerance=tolerance)[nodes]
     counts = CoverCounts(graph, nodes, parts, num_batches)
     return refine(counts, num_batches, tolerance, passes, seed)
 
