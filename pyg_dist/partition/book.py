@@ -198,6 +198,6 @@ def part_imbalance(stats: List[Dict[str, Any]]) -> Dict[str, float]:
     out = {}
     for key in BALANCED_COUNTS:
         values = [row[key] for row in rows if key in row]
-        if values and sum(values) > 0:
-            out[key] = max(values) * len(values) / sum(values)
+        if values:  # none anywhere: even
+            out[key] = max(values) * len(values) / sum(values) if sum(values) else 1.0
     return out

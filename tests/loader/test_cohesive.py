@@ -299,12 +299,12 @@ def test_rank_costs_split_the_batch_cost():
 def test_bns_on_a_batch_halo_is_unbiased(tmp_path):
     r"""BNS composed with a batch: every draw receives only rows the batch
     needs (about p of them) and the batch's aggregation is unbiased: the
-    mean over 200 draws approaches the exact batch output."""
+    mean over 400 draws approaches the exact batch output."""
     import pyg_dist
     from tests.loader.cohesive_workers import batch_sampling_checks
     data, _ = _community_graph()
     pyg_dist.partition_graph(data, 2, root=str(tmp_path))
-    for r in pyg_dist.spawn(batch_sampling_checks, 2, (str(tmp_path), ), timeout=120):
+    for r in pyg_dist.spawn(batch_sampling_checks, 2, (str(tmp_path), 400), timeout=120):
         assert r["extra"] == 0 and r["needed"] > 0
         assert 0.4 * r["needed"] < r["rows"] < 0.6 * r["needed"], r
         assert r["error"] < 0.05 * r["scale"], r
