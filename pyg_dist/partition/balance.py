@@ -8,35 +8,41 @@ its memory) and its nodes of each mask (training, validation, test: each
 rank's share of the loss and of evaluation). A partitioner balances one
 weight per node: :func:`partitioner_weights` gives it the in-degree beside
 the node count, then :func:`balance` moves nodes until every quantity is
-within its cap, in two passes:
+within its cap. A move goes from a part above a cap the node adds to, to
+the part holding most of its neighbours where every cap the node adds to
+holds (else to the part with the most room), best gain first (neighbours
+at the destination minus those at home), in three passes:
 
-1. the in-edges alone: the parts above their cap send nodes (best gain
-   first, the gain being the neighbours at the destination minus those at
-   home) to parts with room for their in-edges;
-2. every quantity: a part above its cap in any of them sends nodes that
-   carry it to a part that stays within every cap the node adds to. A node
-   of no in-edge goes where its in-edges do not count, so a part full of
-   in-edges takes the nodes of a part full of nodes, and the reverse.
+1. the in-edges alone, to a cap a little below theirs, so that room is
+   left for the nodes of few in-edges the next pass moves;
+2. the nodes and masks of the nodes that have in-edges;
+3. the nodes without in-edges (40% of R-MAT's), which go wherever the
+   in-edges allow: into the room the others left, so that a part full of
+   in-edges takes the nodes of a part full of nodes.
+
+Where nodes still cannot move (every part with room for them full of
+in-edges), the passes run again with more room below the in-edges' cap;
+a mask whose nodes still cannot move at all moves under the nodes' and
+in-edges' caps relaxed to :data:`RELAXED` times the mean.
 
 On power-law graphs the balance costs cut: the hubs' in-edges, all in one
-part when only nodes are balanced, are spread (R-MAT, 2^17 nodes, 4 parts:
-the in-edges of the largest part from 2.4x to 1.05x the mean, the edge cut
-from 52% to 69% of the edges, the halo rows from 0.71 to 1.02 per node;
-``benchmarks/balance.py``).
+part when only nodes are balanced, are spread (R-MAT, 2^20 nodes, 2^24
+edges, 4 parts from disk: the largest part's in-edges from 2.83x to 1.02x
+the mean, the edge cut from 40.5% to 71.8% of the edges, the halo rows
+from 0.51 to 0.91 per node; ``benchmarks/balance.py``).
 """
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-#: What ``balance`` may name: the inner nodes, the in-edges, and masks.
+#: What ``balance`` may name: the inner nodes (always balanced), the
+#: in-edges, and masks.
 QUANTITIES = ("nodes", "edges", "train_mask", "val_mask", "test_mask")
-#: Balanced unless told otherwise (DistDGL's ``balance_edges`` and
-#: ``balance_ntypes``): masks the graph does not have are skipped.
-DEFAULT_BALANCE = QUANTITIES
 # The in-degree's share of a partitioner's node weight: weight 1 + EDGE_WEIGHT
-# * in-degree * N / E. Measured on R-MAT (2^17 nodes, 4 and 8 parts, METIS and
-# KaMinPar): 4 leaves the in-edges within 1.11-1.13x the mean before balancing,
-# and the cut after balancing 5% below a node-only start.
+# * in-degree * N / E. Measured on `pyg-dist rmat --scale 17` (4 and 8 parts,
+# METIS and KaMinPar): 4 left the largest part's in-edges at 1.11-1.13x the mean
+# before balancing (node weights: 2.4-5.9x), and the cut after balancing 5-8%
+# lower than from a node-only start.
 EDGE_WEIGHT = 4.0
 # The nodes and in-edges a part may hold, times the mean, where a mask's
 # nodes can be balanced no other way.
