@@ -34,13 +34,15 @@ def label_classes(y: Array, masks: Mapping[str, Array], source: str,
     y = _numpy(y)
     if num_classes is not None and num_classes < 1:
         raise LabelError(f"the number of classes must be >= 1 (got {num_classes})")
+    given = {k: _numpy(m).astype(bool, copy=False) for k, m in masks.items() if m is not None}
+    labelled = y if not given else y[np.logical_or.reduce(list(given.values()))]
     if y.ndim == 2:  # multi-hot
         if num_classes is not None and num_classes != y.shape[1]:
             raise LabelError(f"{source}: a multi-label matrix of {y.shape[1]} columns, but "
                              f"{num_classes} classes are declared")
-        if not np.isin(y, (0, 1)).all():
+        if not np.isin(labelled, (0, 1)).all():
             raise LabelError(f"{source}: a multi-label [N, {y.shape[1]}] matrix must hold 0 "
-                             f"and 1 only")
+                             f"and 1 only on labelled nodes (class ids go in an [N] vector)")
         return int(y.shape[1])
     if y.ndim != 1:
         raise LabelError(f"{source}: labels of shape {tuple(y.shape)}; expected [N] class "
@@ -48,8 +50,6 @@ def label_classes(y: Array, masks: Mapping[str, Array], source: str,
     if y.dtype.kind not in "iu":
         raise LabelError(f"{source}: labels of dtype {y.dtype}, not integer class ids (a "
                          f"multi-label graph gives an [N, C] matrix of 0 and 1)")
-    given = {k: _numpy(m).astype(bool, copy=False) for k, m in masks.items() if m is not None}
-    labelled = y if not given else y[np.logical_or.reduce(list(given.values()))]
     if labelled.size == 0:
         return num_classes or 0
     low, high = int(labelled.min()), int(labelled.max())

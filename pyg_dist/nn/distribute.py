@@ -122,7 +122,7 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
         raise ValueError(f"'{type(model).__name__}' contains no MessagePassing "
                          f"layer to distribute")
     _check_partition(data, group)
-    check_model(model, getattr(data, "num_global_nodes", None))
+    check_model(model, getattr(data, "num_global_nodes", None), data.num_features)
     exchange = get_exchange(exchange)
     if exchange.piecewise:
         sequential.check_model(model, exchange)

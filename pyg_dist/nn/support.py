@@ -83,23 +83,26 @@ def refusal(module: torch.nn.Module) -> Optional[str]:
     return None
 
 
-def per_node_refusal(module: torch.nn.Module, num_nodes: int) -> Optional[str]:
+def per_node_refusal(module: torch.nn.Module, num_nodes: int,
+                     num_features: Optional[int] = None) -> Optional[str]:
     r"""Why :obj:`module` holds state per node of a graph of :obj:`num_nodes`
     nodes (``None``: it does not): an embedding table with one row per node,
-    or a parameter or buffer of a module of the user's own with that many
-    rows. Under distribute() a rank's rows are its own nodes in partition
-    order, so such a table indexed by row position reads other nodes' rows
-    (and one indexed by original id would train every rank's copy apart)."""
+    or a buffer, or a parameter, of a module of the user's own with that
+    many rows (a parameter only where the graph has not as many features:
+    with one-hot node features a weight's rows are its inputs). Under
+    distribute() a rank's rows are its own nodes in partition order, so
+    such a table indexed by row position reads other nodes' rows (and one
+    indexed by original id would train every rank's copy apart)."""
     if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
         if module.num_embeddings == num_nodes:
             return (f"{num_nodes} embeddings, one per node of the graph: per-node "
                     f"state is not distributed (a rank's rows are its own nodes in "
                     f"partition order); give node embeddings as input features (x)")
         return None
-    if type(module).__module__.startswith(("torch.", "torch_geometric.")):
+    if type(module).__module__.startswith(("torch.", "torch_geometric.", "pyg_dist.")):
         return None  # their tensors are weights over features, not nodes
-    for name, tensor in [*module.named_parameters(recurse=False),
-                         *module.named_buffers(recurse=False)]:
+    parameters = [] if num_features == num_nodes else module.named_parameters(recurse=False)
+    for name, tensor in [*parameters, *module.named_buffers(recurse=False)]:
         if tensor.dim() >= 1 and tensor.size(0) == num_nodes:
             return (f"'{name}' has {num_nodes} rows, one per node of the graph: per-node "
                     f"state is not distributed (a rank's rows are its own nodes in "
@@ -107,7 +110,8 @@ def per_node_refusal(module: torch.nn.Module, num_nodes: int) -> Optional[str]:
     return None
 
 
-def check_model(model: torch.nn.Module, num_nodes: Optional[int] = None) -> None:
+def check_model(model: torch.nn.Module, num_nodes: Optional[int] = None,
+                num_features: Optional[int] = None) -> None:
     r"""Raises :class:`NotImplementedError` naming every module of
     :obj:`model` that :func:`refusal` refuses, or that holds per-node state
     of a graph of :obj:`num_nodes` nodes (:func:`per_node_refusal`), with
@@ -115,7 +119,7 @@ def check_model(model: torch.nn.Module, num_nodes: Optional[int] = None) -> None
     def why(module: torch.nn.Module) -> Optional[str]:
         reason = refusal(module)
         if reason is None and num_nodes is not None:
-            reason = per_node_refusal(module, num_nodes)
+            reason = per_node_refusal(module, num_nodes, num_features)
         return reason
 
     refused = [f"'{path or type(model).__name__}' ({type(m).__name__}): {reason}"

@@ -95,18 +95,19 @@ def part_loads(part: np.ndarray, weights: np.ndarray, num_parts: int) -> np.ndar
 
 def balance(part: np.ndarray, rowptr: np.ndarray, col: np.ndarray, weights: np.ndarray,
             num_parts: int, tolerance: float = 0.03, edges: Optional[int] = None,
-            rounds: int = 8, chunk: int = 1 << 20) -> np.ndarray:
+            rounds: int = 8, chunk: int = 1 << 22) -> np.ndarray:
     r"""Moves nodes of :obj:`part` (int64, changed in place and returned)
     until every part holds at most :math:`\lceil (1 + \epsilon) W_c / K
     \rceil` of every column :math:`c` of :obj:`weights` (:math:`W_c` its
     total), moving as few neighbours apart as it can (see the module).
     :obj:`rowptr`/:obj:`col` is the symmetrised graph (may be memory-mapped;
-    read in chunks of :obj:`chunk` candidate nodes); :obj:`edges` is the
-    column of the in-edges, balanced alone first. A node heavier than the
-    room any part has stays where it is."""
+    read in chunks of at most :obj:`chunk` neighbour entries and as many
+    histogram cells); :obj:`edges` is the column of the in-edges, balanced
+    alone first. A cap is never below the heaviest node's weight (a part
+    may hold its hub); a node that fits no part stays where it is."""
     if num_parts == 1:
         return part
-    caps = np.ceil((1 + tolerance) * weights.sum(0) / num_parts).astype(np.int64)
+    caps = _caps(weights, 1 + tolerance, num_parts)
     if (part_loads(part, weights, num_parts) <= caps).all():
         return part
     if edges is None:
@@ -119,9 +120,8 @@ def balance(part: np.ndarray, rowptr: np.ndarray, col: np.ndarray, weights: np.n
     # (every part with room for them full of in-edges), again with more room.
     free = weights[:, edges] == 0
     for slack in (2, 4, 8):
-        tight = np.ceil((1 + tolerance / slack) * weights[:, [edges]].sum(0) / num_parts)
-        _balance(part, rowptr, col, weights[:, [edges]], tight.astype(np.int64), num_parts,
-                 rounds, chunk)
+        tight = _caps(weights[:, [edges]], 1 + tolerance / slack, num_parts)
+        _balance(part, rowptr, col, weights[:, [edges]], tight, num_parts, rounds, chunk)
         _balance(part, rowptr, col, np.where(free[:, None], 0, weights), caps, num_parts,
                  rounds, chunk)
         _balance(part, rowptr, col, weights, caps, num_parts, rounds, chunk, movable=free)
@@ -144,6 +144,20 @@ def _relaxed(part: np.ndarray, rowptr: np.ndarray, col: np.ndarray, weights: np.
         relaxed[j] = max(caps[j], int(np.ceil(RELAXED * weights[:, j].sum() / num_parts)))
     _balance(part, rowptr, col, weights, relaxed, num_parts, rounds, chunk)
     return part
+
+
+def _caps(weights: np.ndarray, factor: float, num_parts: int) -> np.ndarray:
+    r"""Each column's cap: :obj:`factor` times the mean part's weight, or,
+    where one node alone weighs more (a hub whose in-edges exceed a mean
+    part's), that node and :obj:`factor` times a mean part's share of the
+    rest: otherwise its part, above the cap whatever it sheds, would shed
+    every other node that adds to the column."""
+    total = weights.sum(0).astype(np.float64)
+    heaviest = weights.max(0).astype(np.float64)
+    caps = np.ceil(factor * total / num_parts)
+    hub = heaviest > caps
+    caps[hub] = np.ceil(heaviest[hub] + factor * (total[hub] - heaviest[hub]) / num_parts)
+    return caps.astype(np.int64)
 
 
 def _balance(part: np.ndarray, rowptr: np.ndarray, col: np.ndarray, weights: np.ndarray,
@@ -176,14 +190,22 @@ def _preferred(part: np.ndarray, rowptr: np.ndarray, col: np.ndarray,
     neighbours at home; an isolated node's is 0, towards part 0)."""
     dest = np.empty(candidates.size, dtype=np.int64)
     gain = np.empty(candidates.size, dtype=np.int64)
-    for start in range(0, candidates.size, chunk):
-        nodes = candidates[start:start + chunk]
+    # Chunks of at most `chunk` neighbour entries and `chunk` histogram cells.
+    degree = (np.asarray(rowptr[candidates + 1], dtype=np.int64)
+              - np.asarray(rowptr[candidates], dtype=np.int64))
+    ends = np.cumsum(degree)
+    start = 0
+    while start < candidates.size:
+        stop = int(np.searchsorted(ends, (ends[start - 1] if start else 0) + chunk, "right"))
+        stop = min(max(stop, start + 1), start + max(1, chunk // num_parts), candidates.size)
+        nodes = candidates[start:stop]
         hist = _histograms(part, rowptr, col, nodes, num_parts)
         home = hist[np.arange(nodes.size), part[nodes]]
         hist[np.arange(nodes.size), part[nodes]] = -1  # another part
         best = hist.argmax(1)
         dest[start:start + nodes.size] = best
         gain[start:start + nodes.size] = np.maximum(hist[np.arange(nodes.size), best], 0) - home
+        start = stop
     return candidates, dest, gain
 
 

@@ -70,3 +70,21 @@ def test_another_ranks_partition_is_refused(graph, tmp_path):
         assert results["categories"] == (f"distribute() was given partition {1 - rank} of 2, "
                                          f"but this is rank {rank} of 2: load this rank's own "
                                          f"(DistData.load(root, dist.get_rank()))")
+
+
+class _Weighted(torch.nn.Module):
+    r"""A user layer keeping its weight as [in, out]."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(channels, 3))
+
+
+def test_a_weight_over_one_hot_features_is_not_per_node_state():
+    r"""With one-hot node features (x = I, as on small classic graphs) a
+    weight has one row per node and per feature alike: it is kept; a
+    buffer of one row per node is not."""
+    from pyg_dist.nn.support import per_node_refusal
+    assert per_node_refusal(_Weighted(34), num_nodes=34, num_features=34) is None
+    assert "one per node" in per_node_refusal(_Weighted(34), num_nodes=34, num_features=8)
+    assert "one per node" in per_node_refusal(_Biased(34, 34), num_nodes=34, num_features=34)

@@ -4,6 +4,7 @@ inner nodes, in-edges and training nodes end within 3% of the mean
 (rounded up), through METIS and KaMinPar, in memory and from disk."""
 import numpy as np
 import pytest
+import torch
 
 import pyg_dist
 from pyg_dist.datasets.regime import rmat
@@ -83,3 +84,24 @@ def test_bad_balance_flags_are_refused(tmp_path, capsys, argv, message):
         main(["partition", "--num-parts", "2", "--root", str(tmp_path), *argv])
     assert info.value.code != 0
     assert message in capsys.readouterr().err + str(info.value.code)
+
+
+def test_a_hub_heavier_than_a_part_keeps_its_part_and_the_rest_balanced():
+    r"""A node with two thirds of the in-edges: its part holds it and a mean
+    part's share of the rest; the node counts stay balanced (no part is
+    emptied of every other node with in-edges)."""
+    rng = np.random.default_rng(0)
+    n = 4000
+    src, dst = rng.integers(0, n, 30000), rng.integers(0, n, 30000)
+    dst[:20000] = 0
+    rowptr, col = symmetric_csr(torch.from_numpy(np.stack([src, dst])), n)
+    names, weights = weight_columns(("edges", ), np.bincount(dst, minlength=n), {})
+    part = metis_csr_assignment(rowptr.numpy(), col.numpy(), NUM_PARTS).numpy()
+    cut = int((part[src] != part[dst]).sum())
+    balance(part, rowptr.numpy(), col.numpy(), weights, NUM_PARTS, 0.03,
+            edges=names.index("edges"))
+    nodes = np.bincount(part, minlength=NUM_PARTS)
+    assert nodes.max() <= np.ceil(1.03 * n / NUM_PARTS), nodes
+    hub_part = np.bincount(part, weights=weights[:, 1], minlength=NUM_PARTS).max()
+    assert hub_part <= np.ceil(20000 + 1.03 * 10000 / NUM_PARTS)
+    assert (part[src] != part[dst]).sum() < 1.1 * cut
