@@ -34,6 +34,9 @@ from 0.51 to 0.91 per node; ``benchmarks/balance.py``).
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
+import torch
+
+from pyg_dist.utils import gather_neighbours
 
 #: What ``balance`` may name: the inner nodes (always balanced), the
 #: in-edges, and masks.
@@ -212,11 +215,10 @@ def _preferred(part: np.ndarray, rowptr: np.ndarray, col: np.ndarray,
 def _histograms(part: np.ndarray, rowptr: np.ndarray, col: np.ndarray, nodes: np.ndarray,
                 num_parts: int) -> np.ndarray:
     r"""``[len(nodes), K]``: how many neighbours of each node each part holds."""
-    begin = np.asarray(rowptr[nodes], dtype=np.int64)
-    degree = np.asarray(rowptr[nodes + 1], dtype=np.int64) - begin
+    degree = np.asarray(rowptr[nodes + 1], dtype=np.int64) - np.asarray(rowptr[nodes])
     rows = np.repeat(np.arange(nodes.size), degree)
-    positions = np.repeat(begin - np.cumsum(degree) + degree, degree) + np.arange(rows.size)
-    owners = part[np.asarray(col[positions], dtype=np.int64)]
+    owners = part[gather_neighbours(torch.from_numpy(np.asarray(rowptr)),
+                                    torch.from_numpy(col), torch.from_numpy(nodes)).numpy()]
     counts = np.bincount(rows * num_parts + owners, minlength=nodes.size * num_parts)
     return counts.reshape(nodes.size, num_parts)
 

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from pyg_dist.integrity import Sum64, read_json, save_checked
-from pyg_dist.labels import label_classes
+from pyg_dist.labels import LABELLED, label_classes
 from pyg_dist.partition.book import (FORMAT_VERSION, PartitionBook, edges_file, features_file,
                                      owner_of, part_file, partitioning_id, versions)
 from pyg_dist.partition.kaminpar import kaminpar_assignment
@@ -62,7 +62,7 @@ from pyg_dist.partition.refine import refine
 from pyg_dist.partition.staging import check_free_space, progress_bar, staged
 from pyg_dist.utils.npy import GraphFileError, NpyReader, NpyWriter
 
-MASKS = ("train_mask", "val_mask", "test_mask")
+MASKS = LABELLED  # the masks a graph folder may hold
 METHODS = ("kaminpar", "metis", "random")
 # Edges per chunk: the passes hold a few int64 arrays of this length.
 CHUNK_EDGES = 1 << 23

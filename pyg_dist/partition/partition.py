@@ -19,10 +19,9 @@ from pyg_dist.partition.metis import OBJECTIVES, metis_assignment, random_assign
 from pyg_dist.partition.staging import progress_bar, staged
 
 METHODS = ("metis", "kaminpar", "random", "block")
-MASKS = ("train_mask", "val_mask", "test_mask")
 #: Balanced by default besides the node count (DistDGL's balance_edges and
 #: balance_ntypes): the in-edges and the masks.
-DEFAULT_BALANCE = ("edges", ) + MASKS
+DEFAULT_BALANCE = ("edges", ) + LABELLED
 
 
 def graph_hash(data: Data) -> str:
@@ -151,12 +150,11 @@ def partition_graph(
     with progress_bar(total=2 + inductive, desc=f"partition ({method})", unit="step",
                       disable=not progress) as bar:
         named = [key for key in balance if key.endswith("_mask")]
-        masks = torch.stack([getattr(data, key).view(-1).bool() for key in named],
-                            1) if named else None
-        names, weights = weight_columns(
-            balance, torch.bincount(edge_index[1], minlength=num_nodes).numpy(),
-            {key: getattr(data, key).view(-1).numpy() for key in named})
-        edges = names.index("edges") if "edges" in names else None
+        if method in ("metis", "kaminpar"):
+            names, weights = weight_columns(
+                balance, torch.bincount(edge_index[1], minlength=num_nodes).numpy(),
+                {key: getattr(data, key).view(-1).numpy() for key in named})
+            edges = names.index("edges") if "edges" in names else None
         if method == "metis":
             assignment = metis_assignment(edge_index, num_nodes, num_parts, objective,
                                           weights, edges, seed)
@@ -165,6 +163,8 @@ def partition_graph(
             assignment = kaminpar_graph_assignment(edge_index, num_nodes, num_parts, weights,
                                                    edges, seed)
         elif method == "block":
+            masks = torch.stack([getattr(data, key).view(-1).bool() for key in named],
+                                1) if named else None
             if masks is None:
                 raise ValueError("method 'block' builds blocks around the nodes of the "
                                  "balance masks (e.g. train/val/test): balance is empty")
@@ -204,7 +204,7 @@ def write_parts(data: Data, assignment: Tensor, num_parts: int, settings: Dict[s
     partitioning = partitioning_id(ghash, perm, partptr)
     for item in parts:
         item["graph_hash"], item["partitioning_id"] = ghash, partitioning
-    masks = {k: getattr(data, k) for k in MASKS if getattr(data, k, None) is not None}
+    masks = {k: getattr(data, k) for k in LABELLED if getattr(data, k, None) is not None}
 
     edge_cut = int((assignment[edge_index[0]] != assignment[edge_index[1]]).sum())
     meta: Dict[str, Any] = {
@@ -260,7 +260,7 @@ def build_parts(data: Data, assignment: Tensor, num_parts: int):
 
     node_keys = [k for k in data.keys() if data.is_node_attr(k) and k != "edge_index"]
     edge_keys = [k for k in data.keys() if data.is_edge_attr(k) and k != "edge_index"]
-    masks = {k: getattr(data, k) for k in MASKS if getattr(data, k, None) is not None}
+    masks = {k: getattr(data, k) for k in LABELLED if getattr(data, k, None) is not None}
     part_stats: List[Dict[str, Any]] = []
     parts = []
     for r in range(num_parts):
