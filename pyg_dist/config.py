@@ -14,7 +14,7 @@ from pyg_dist.cache import CACHES, FeatureCache, check_cache
 from pyg_dist.comm import DEFAULT_EXCHANGE, exchange_class
 from pyg_dist.comm.compress import get_codec
 from pyg_dist.loader import LOADERS, check_loader
-from pyg_dist.nn.async_layers import check_overlap
+from pyg_dist.nn.engines import check_overlap
 from pyg_dist.nn.dropout import fast_dropout
 from pyg_dist.nn.spec import LayerSpec, spec_of
 from pyg_dist.sampler import SAMPLERS, check_sampler

@@ -3,8 +3,12 @@ r"""``Exchange``: how a layer's halo rows travel and are aggregated.
 A distributed layer needs, besides its inner rows, the rows of its halo
 (owned by peers), and sends their gradients back. An exchange decides how:
 :meth:`Exchange.fetch` returns the halo rows of a plan (differentiably),
-:meth:`Exchange.aggregate` runs a layer's aggregation given them — by
-default the halo is gathered first and aggregated with the inner rows.
+:meth:`Exchange.start_fetch` the same split in two (the rows travel while
+the caller computes), :meth:`Exchange.start` moves raw rows without
+autograd, and :meth:`Exchange.aggregate_pieces` aggregates a layer one
+peer's rows at a time. How a layer aggregates with the rows is its
+engine's (:mod:`pyg_dist.nn.engine`); every method an engine calls is
+declared here.
 Implementations (registered in :data:`pyg_dist.comm.EXCHANGES`):
 
 * :class:`~pyg_dist.comm.halo.PointToPoint` (``"halo"``): each rank sends
@@ -27,9 +31,7 @@ from torch import Tensor
 
 from pyg_dist.comm.compress import RowCodec
 from pyg_dist.comm.plan import HaloPlan
-
-#: ``run(adj, x_src, size)``: a layer's aggregation over its plan's graph.
-Run = Callable[[Any, Tensor, Tuple[int, int]], Tensor]
+from pyg_dist.comm.transfer import Transfer
 
 
 class Exchange:
@@ -59,6 +61,11 @@ class Exchange:
     #: Layers aggregate piece by piece through :meth:`aggregate_pieces`
     #: (their propagate is run per piece).
     piecewise: ClassVar[bool] = False
+    #: Rows travel while the caller computes (:meth:`start_fetch` and
+    #: :meth:`start` return before they arrive).
+    asynchronous: ClassVar[bool] = False
+    #: The aggregations a layer may use on it (``None``: any).
+    aggregations: ClassVar[Optional[Tuple[str, ...]]] = None
 
     @classmethod
     def refusals(cls, *, minibatch: bool = False, sampled: bool = False,
@@ -98,19 +105,31 @@ class Exchange:
         build them in one buffer."""
         return torch.cat([x, self.fetch(ctx, key, x, plan, None)], dim=0)
 
-    def aggregate(self, ctx, key: str, x: Tensor, adj, run: Run) -> Tensor:
-        r"""``run(adj, x_src, size)``: a layer's aggregation of :obj:`x`'s
-        plan sources over :obj:`adj` (the plan's graph). By default the
-        halo rows are gathered first (:meth:`~pyg_dist.nn.HaloContext.extend`)."""
-        return run(adj, ctx.extend(key, x), (ctx.num_src, ctx.num_inner))
+    def start_fetch(self, ctx, key: str, x: Tensor, plan: HaloPlan,
+                    codec: Optional[RowCodec]) -> Callable[[], Tensor]:
+        r""":meth:`fetch` split in two: the rows leave now and the returned
+        function waits for them (differentiably). By default the whole
+        fetch happens now (not :attr:`asynchronous`)."""
+        rows = self.fetch(ctx, key, x, plan, codec)
+        return lambda: rows
+
+    def start(self, ctx, key: str, rows: Tensor, send_counts: List[int],
+              recv_counts: List[int], backward: bool = False) -> Transfer:
+        r"""Starts moving :obj:`rows` (no autograd): :obj:`send_counts` to
+        each peer, :obj:`recv_counts` from each; counted under :obj:`key`
+        (:obj:`backward`: as gradients). The per-node engine's transfers."""
+        raise NotImplementedError(f"exchange '{self.name}' does not move raw rows")
 
     def aggregate_pieces(self, ctx, key: str, graph, sources: List[Tensor],
                          others: List[Tensor], run: Callable, aggr: str,
-                         module: torch.nn.Module, params: Sequence[Tensor]) -> Tensor:
+                         module: torch.nn.Module, params: Sequence[Tensor],
+                         linear: bool = False) -> Tensor:
         r"""The aggregation of a :attr:`piecewise` exchange: :obj:`run`
         ``(piece, rows, others)`` aggregates one piece of :obj:`graph`
         given its rows of each of :obj:`sources` (see
-        :mod:`pyg_dist.comm.sequential`)."""
+        :mod:`pyg_dist.comm.sequential`); :obj:`linear`: the aggregation is
+        a weighted sum of the one source's rows (its backward recomputes
+        nothing)."""
         raise NotImplementedError(f"exchange '{self.name}' does not aggregate piece by piece")
 
     def __repr__(self) -> str:

@@ -7,7 +7,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from pyg_dist.comm.compress import RowCodec
-from pyg_dist.comm.exchange import Exchange, Run
+from pyg_dist.comm.exchange import Exchange
 from pyg_dist.comm.plan import HaloPlan
 from pyg_dist.comm.stats import CommStats
 from pyg_dist.comm.transfer import Transfer, start_all_to_all
@@ -143,15 +143,11 @@ def extend_rows(x: Tensor, plan, group=None, stats: Optional[CommStats] = None,
 
 class PointToPoint(Exchange):
     r"""Each rank sends each peer exactly the rows of its halo (one
-    all-to-all per layer and direction). With ``overlap`` (CM-GCN's
-    asynchronous computation between layers, §III-C), on the exact cache
-    and a CSR graph, the halo rows leave first, the *interior* targets (no
-    halo in-edge) aggregate while they travel and the *border* targets
-    after they arrive (:meth:`~pyg_dist.comm.HaloPlan.split_rows`): the same
-    result, with the transfer hidden behind the interior work. The
-    per-node schedule (``overlap="nodes"``) posts its transfers through
-    :meth:`start`."""
+    all-to-all per layer and direction), :attr:`asynchronous`ly on request:
+    the overlapping engines (:mod:`pyg_dist.nn.engine`,
+    :mod:`pyg_dist.nn.async_layers`) compute while the rows travel."""
     summary = "sends each peer the rows it needs"
+    asynchronous = True
     overlap = (False, True, "layers", "nodes")
 
     def fetch(self, ctx, key: str, x: Tensor, plan: HaloPlan,
@@ -170,17 +166,6 @@ class PointToPoint(Exchange):
         return start_all_to_all(rows, send_counts, recv_counts, ctx.group, ctx.codec,
                                 ctx.stats, key, backward)
 
-    def aggregate(self, ctx, key: str, x: Tensor, adj, run: Run) -> Tensor:
-        plan = ctx.plan
-        if not (ctx.overlap and isinstance(adj, Tensor) and adj.layout == torch.sparse_csr
-                and not _exchanges_nothing(plan, ctx.group) and not ctx.active_cache.stale
-                and not (ctx.feature_cache is not None and ctx.is_input_features(x))):
-            return super().aggregate(ctx, key, x, adj, run)
-        ctx.check_rows(key, x)
-        ctx.stats.count("overlapped_layers", 1)
-        wait = start_halo_exchange(x, plan, ctx.group, ctx.stats, key, ctx.codec)
-        interior, border = plan.split_rows(adj)
-        out = run(interior, x, (ctx.num_inner, ctx.num_inner))
-        x_src = torch.cat([x, wait()], dim=0)
-        ctx.observe(key, x_src)
-        return out + run(border, x_src, (ctx.num_src, ctx.num_inner))
+    def start_fetch(self, ctx, key: str, x: Tensor, plan: HaloPlan,
+                    codec: Optional[RowCodec]) -> Callable[[], Tensor]:
+        return start_halo_exchange(x, plan, ctx.group, ctx.stats, key, codec)

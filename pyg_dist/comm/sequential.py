@@ -63,11 +63,11 @@ import torch
 import torch.distributed as dist
 import torch_geometric.utils
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
 
-from pyg_dist.comm.exchange import Run
 from pyg_dist.comm.halo import PointToPoint
 from pyg_dist.comm.ring import RingSchedule, start_round
-from pyg_dist.utils.aggregate import keep_transpose, transposed
+from pyg_dist.utils.aggregate import keep_transpose, keeps_transpose, transposed
 from pyg_dist.utils.allocator import sample_live_peak, sample_live_peak_after
 from pyg_dist.utils import csr_tensor
 from pyg_dist.utils.sparse import run_positions
@@ -177,8 +177,8 @@ def materialise(piece: Piece, graph, backward: bool = False) -> Piece:
     adj = csr_tensor(piece.ptr, graph.col_indices().index_select(0, at).sub_(piece.sources.start),
                      graph.values().index_select(0, at),
                      (piece.ptr.numel() - 1, piece.num_rows))
-    if backward and getattr(graph, "_dist_keep_transpose", False):
-        keep_transpose(adj)._dist_transposed = _row_slice(transposed(graph), piece.sources)
+    if backward and keeps_transpose(graph):
+        keep_transpose(adj, _row_slice(transposed(graph), piece.sources))
     return piece._replace(graph=adj)
 
 
@@ -652,21 +652,15 @@ class Sequential(PointToPoint):
     overlap = (False, True, "layers")
     holds_halo = False
     piecewise = True
+    asynchronous = True
     #: Aggregations that decompose over the pieces of a neighbourhood.
     aggregations = AGGREGATIONS
 
-    def aggregate(self, ctx, key: str, x: Tensor, adj, run: Run) -> Tensor:
-        if not (isinstance(adj, Tensor) and adj.layout == torch.sparse_csr
-                and adj.size(1) == ctx.num_src and not adj.requires_grad):
-            raise NotImplementedError(
-                f"Layer '{key}': exchange='sequential' runs GCNConv on the partition's "
-                f"own graph through its normalised CSR (normalize=True), with edge "
-                f"weights that need no gradient; use exchange='halo' for this layer")
-        num_inner = ctx.num_inner
-        return self.aggregate_pieces(
-            ctx, key, adj, [x], [],
-            lambda piece, rows, _: run(piece.graph, rows[0], (piece.num_rows, num_inner)),
-            "sum", ctx.layers[key], (), linear=True)
+    def __init__(self) -> None:
+        # a graph -> (its plan, weakly; its pieces): kept as long as the graph
+        # lives (a plan's adjacency for the plan's lifetime, a per-call graph
+        # for the call)
+        self._pieces = WeakIdKeyDictionary()
 
     def aggregate_pieces(self, ctx, key: str, graph, sources: List[Tensor],
                          others: List[Tensor], run: PieceRun, aggr: str,
@@ -688,15 +682,14 @@ class Sequential(PointToPoint):
                                       "full-graph loader, with or without a halo sampler)")
         world = dist.get_world_size(ctx.group) if dist.is_initialized() else 1
         schedule = RingSchedule.of(plan, ctx.rank if world > 1 else 0, world)
-        # Kept on the graph, so they live as long as it does (a plan's adjacency
-        # for the plan's lifetime, a per-call graph for the call); the plan is
-        # held weakly: a plan's cache holds its graphs.
-        hit = getattr(graph, "_dist_pieces", None)
+        # Kept while the graph lives; the plan is held weakly: a plan's cache
+        # holds its graphs.
+        hit = self._pieces.get(graph)
         if hit is not None and hit[0]() is plan:
             pieces = hit[1]
         else:
             pieces = cut(graph, plan.num_inner, schedule)
-            graph._dist_pieces = (weakref.ref(plan), pieces)
+            self._pieces[graph] = (weakref.ref(plan), pieces)
         ctx.stats.count("sequential_layers", 1)
         if ctx.observers:
             raise NotImplementedError("exchange='sequential' never holds a layer's halo rows "
@@ -706,7 +699,7 @@ class Sequential(PointToPoint):
         linear = (linear and len(sources) == 1 and not params
                   and aggr in ("add", "sum", "mean") and isinstance(graph, Tensor)
                   and graph.layout == torch.sparse_csr
-                  and getattr(graph, "_dist_keep_transpose", False)
+                  and keeps_transpose(graph)
                   and not torch.is_autocast_enabled(sources[0].device.type))
         spec = _Spec(ctx, key, schedule, graph, pieces, run, aggr, len(sources), len(others), params,
                      module, bool(ctx.overlap), linear)

@@ -57,7 +57,6 @@ chains (``jk=None``, ``forward`` not overridden) of
 modules between layers; :func:`refusal` says why anything else is refused.
 """
 import time
-import types
 from contextlib import nullcontext
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
@@ -65,22 +64,20 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 from torch.autograd.function import once_differentiable
-from torch_geometric.nn import GCNConv
 from torch_geometric.nn.models.basic_gnn import BasicGNN
-from torch_geometric.utils import is_torch_sparse_tensor, spmm
+from torch_geometric.utils import spmm
 
-from pyg_dist.comm import HaloPlan
-from pyg_dist.comm import EXCHANGES, Transfer
-from pyg_dist.nn.conv.gcn_conv import whole_graph_norm
+from pyg_dist.comm import HaloPlan, Transfer
+from pyg_dist.nn.conv.gcn_conv import gcn_graph
+from pyg_dist.nn.engine import OverlapEngine
 from pyg_dist.nn.norm import NORMS
-from pyg_dist.nn.spec import layer_names, spec_of
+from pyg_dist.nn.spec import ROW_WISE_NORMS, layer_names, spec_of
+from pyg_dist.nn.state import LayerState, state_of
 from pyg_dist.utils import csr_tensor
 from pyg_dist.utils.sparse import run_positions, valid_sparse
 
 #: Aggregations whose backward is a scaled transposed product (see _Aggregate).
 SCALED = ("sum", "add", "mean")
-#: Row-wise modules accepted between layers (besides activations and dropout).
-ROW_WISE_NORMS = (torch.nn.Identity, torch.nn.LayerNorm, torch.nn.RMSNorm)
 
 
 def refusal(model: torch.nn.Module) -> Optional[str]:
@@ -116,58 +113,36 @@ def refusal(model: torch.nn.Module) -> Optional[str]:
 _TWICE = ("overlap='nodes': a pass is differentiated once (backward with retain_graph=True "
           "cannot run it again)")
 
-#: ``overlap`` values of :func:`~pyg_dist.nn.distribute`: ``True`` and
-#: ``"layers"`` overlap within each layer, ``"nodes"`` across layers.
-OVERLAP_MODES = (False, True, "layers", "nodes")
+
+class ScheduledGNN:
+    r"""Mixed into the class of a BasicGNN distributed with
+    ``overlap="nodes"``: its forward runs asynchronously across layers
+    where :meth:`NodesEngine.applies`, else as BasicGNN's."""
+
+    def forward(self, x: Tensor, edge_index, edge_weight=None, edge_attr=None, batch=None,
+                batch_size=None, num_sampled_nodes_per_hop=None,
+                num_sampled_edges_per_hop=None) -> Tensor:
+        extras = (edge_weight, edge_attr, batch, batch_size, num_sampled_nodes_per_hop,
+                  num_sampled_edges_per_hop)
+        engine: NodesEngine = self.dist_engine
+        if all(e is None for e in extras) and engine.applies(x, edge_index):
+            return engine.run(x, edge_index)
+        return super().forward(x, edge_index, *extras)
 
 
-def check_overlap(overlap: Any) -> None:
-    r"""Raises :class:`ValueError` for an ``overlap`` not in :data:`OVERLAP_MODES`."""
-    if not any(overlap is m or (isinstance(m, str) and overlap == m) for m in OVERLAP_MODES):
-        raise ValueError(f"overlap must be False, True (= 'layers') or 'nodes' (got {overlap!r})")
+_SCHEDULED: Dict[type, type] = {}
 
 
-def check_nodes(model: torch.nn.Module, cache=None, feature_cache=None,
-                precompute_layer0: bool = False, exchange=None) -> None:
-    r"""Refuses, before any work, what ``overlap="nodes"`` cannot run
-    exactly: a model :func:`refusal` refuses (:class:`NotImplementedError`),
-    a stale cache, a feature cache, ``precompute_layer0`` or an
-    :class:`~pyg_dist.comm.exchange.Exchange` without the per-node schedule
-    (:class:`ValueError`)."""
-    why = refusal(model)
-    if why is not None:
-        raise NotImplementedError(f"overlap='nodes' cannot schedule this model across "
-                                  f"layers: {why}")
-    if cache is not None and cache.stale:
-        raise ValueError(f"overlap='nodes' needs the exact cache ({type(cache).__name__} "
-                         f"serves stale rows, exchanged on its own schedule)")
-    if feature_cache is not None or precompute_layer0:
-        raise ValueError("overlap='nodes' exchanges every layer's rows itself: it does not "
-                         "combine with a feature cache or precompute_layer0")
-    if exchange is not None and "nodes" not in exchange.overlap:
-        able = [name for name, cls in EXCHANGES.items() if "nodes" in cls.overlap]
-        raise ValueError(f"overlap='nodes' runs on exchange={' or '.join(map(repr, able))} "
-                         f"(got '{exchange.name}')")
-
-
-def install(model: torch.nn.Module) -> None:
-    r"""Makes the distributed :obj:`model` (see
-    :func:`~pyg_dist.nn.distribute` with ``overlap="nodes"``) run its
-    forward and backward asynchronously across layers where
-    :meth:`AsyncLayers.applies`; elsewhere it runs as before."""
-    model.dist_async = AsyncLayers(model)
-    model.forward = types.MethodType(_forward, model)
-
-
-def _forward(model: BasicGNN, x: Tensor, edge_index, edge_weight=None, edge_attr=None,
-             batch=None, batch_size=None, num_sampled_nodes_per_hop=None,
-             num_sampled_edges_per_hop=None) -> Tensor:
-    extras = (edge_weight, edge_attr, batch, batch_size, num_sampled_nodes_per_hop,
-              num_sampled_edges_per_hop)
-    runner: AsyncLayers = model.dist_async
-    if all(e is None for e in extras) and runner.applies(x, edge_index):
-        return runner(x, edge_index)
-    return BasicGNN.forward(model, x, edge_index, *extras)
+def scheduled_class(cls: type) -> type:
+    r""":obj:`cls` (a BasicGNN class) with :class:`ScheduledGNN` first, made
+    once per class and named as :obj:`cls`."""
+    if issubclass(cls, ScheduledGNN):
+        return cls
+    made = _SCHEDULED.get(cls)
+    if made is None:
+        made = _SCHEDULED[cls] = type(cls.__name__, (ScheduledGNN, cls), {
+            "__module__": __name__, "__qualname__": cls.__qualname__})
+    return made
 
 
 class Layer(NamedTuple):
@@ -331,9 +306,10 @@ class Schedule:
         return out
 
 
-class AsyncLayers:
-    r"""Runs a distributed BasicGNN's passes asynchronously across layers
-    (see the module's docstring); installed as ``model.dist_async``.
+class NodesEngine(OverlapEngine):
+    r"""``"nodes"``: runs a distributed BasicGNN's passes asynchronously
+    across layers (see the module's docstring); a pass it does not apply
+    to (:meth:`applies`) runs layer by layer as :class:`OverlapEngine`.
 
     :attr:`trace`: set to a list to record every pass's events in order,
     each ``(event, layer or exchange, stage, rows, start, end)`` with
@@ -341,14 +317,45 @@ class AsyncLayers:
     ``"post"`` / ``"wait"`` (an exchange started / waited for) and, in
     the backward, ``"stage_backward"``, ``"grad_post"``, ``"grad_wait"``.
     """
+    name = "nodes"
+    summary = ("every row of every layer is computed as soon as the rows it reads arrived "
+               "(CM-GCN across layers)")
 
-    def __init__(self, model: BasicGNN) -> None:
-        self.model = model
+    def __init__(self, ctx, model: torch.nn.Module) -> None:
+        super().__init__(ctx, model)
         self.trace: Optional[List[Tuple]] = None
 
+    @classmethod
+    def check(cls, model: torch.nn.Module, exchange, cache=None, feature_cache=None,
+              precompute: bool = False) -> None:
+        r"""Refuses, before any work, what ``overlap="nodes"`` cannot run
+        exactly: a model :func:`refusal` refuses (:class:`NotImplementedError`),
+        a stale cache, a feature cache, ``precompute_layer0`` or an
+        exchange that does not move rows asynchronously (:class:`ValueError`)."""
+        why = refusal(model)
+        if why is not None:
+            raise NotImplementedError(f"overlap='nodes' cannot schedule this model across "
+                                      f"layers: {why}")
+        if cache is not None and cache.stale:
+            raise ValueError(f"overlap='nodes' needs the exact cache ({type(cache).__name__} "
+                             f"serves stale rows, exchanged on its own schedule)")
+        if feature_cache is not None or precompute:
+            raise ValueError("overlap='nodes' exchanges every layer's rows itself: it does not "
+                             "combine with a feature cache or precompute_layer0")
+        if not exchange.asynchronous or exchange.piecewise:
+            raise ValueError(f"overlap='nodes' runs on exchange='halo' (got '{exchange.name}')")
+
+    def model_class(self, module: torch.nn.Module) -> Optional[type]:
+        return scheduled_class(type(module)) if module is self.model else None
+
+    def may_project(self, layer: torch.nn.Module, x_src: Tensor) -> bool:
+        r"""Only where PyG's order projects first (GCN): the schedule's
+        buffers hold what PyG's order exchanges."""
+        return state_of(layer).spec.transform_first and super().may_project(layer, x_src)
+
     @property
-    def ctx(self):
-        return self.model.dist_context
+    def convs(self) -> List[LayerState]:
+        return [state_of(conv) for conv in self.model.convs]
 
     def applies(self, x: Any, edge_index) -> bool:
         r"""Whether this pass runs asynchronously: the model is given
@@ -367,17 +374,17 @@ class AsyncLayers:
         if x.size(0) != first.num_inner and not (first.trim_input
                                                  and x.size(0) > first.num_inner):
             return False  # the usual forward raises the usual error
-        for conv in self.model.convs:
-            trim, leave = conv._dist_hooks  # distribute()'s own
-            if conv._forward_hooks.keys() - {leave} or conv._forward_pre_hooks.keys() - {trim}:
+        for state in self.convs:
+            conv, mine = state.module, {handle.id for handle in state.hooks}
+            if conv._forward_hooks.keys() - mine or conv._forward_pre_hooks.keys() - mine:
                 return False
         return True
 
     def _plans(self) -> List[HaloPlan]:
         ctx = self.ctx
         out = []
-        for conv in self.model.convs:
-            ctx.enter(conv._dist_key)
+        for state in self.convs:
+            ctx.enter(state)
             out.append(ctx.plan)
         return out
 
@@ -394,17 +401,19 @@ class AsyncLayers:
         exact = all(p.is_exact for p in plans)
         with ctx.stats.timer("sample") if not exact else nullcontext():
             adjacency, keys = [], []
-            for conv in self.model.convs:
-                ctx.enter(conv._dist_key)
-                adjacency.append(_layer_adjacency(ctx, conv, edge_index, dtype))
-                keys.append(conv._dist_key if isinstance(conv, GCNConv)
-                            else f"{conv._dist_key}.x")
+            for state in self.convs:
+                ctx.enter(state)
+                adjacency.append(_layer_adjacency(ctx, state, edge_index, dtype))
+                # the keys the layer-by-layer engines count its exchange under
+                keys.append(state.key if state.spec.normalisation == "gcn"
+                            else f"{state.key}.x")
             built = Schedule.build(plans, adjacency, keys)
-            built.aggr = [conv.aggr for conv in self.model.convs]
+            built.aggr = [state.module.aggr for state in self.convs]
         plans[0].cache[key] = (plans + [edge_index], built)
         return built
 
-    def __call__(self, x: Tensor, edge_index) -> Tensor:
+    def run(self, x: Tensor, edge_index) -> Tensor:
+        r"""One asynchronous pass of the model on :obj:`x`."""
         schedule = self.schedule(edge_index, x.dtype)
         ctx = self.ctx
         ctx.stats.count("async_layers", schedule.num_layers)
@@ -415,22 +424,16 @@ class AsyncLayers:
         return run.forward(x)
 
 
-def _layer_adjacency(ctx, conv, edge_index, dtype: torch.dtype) -> Tensor:
+def _layer_adjacency(ctx, state: LayerState, edge_index, dtype: torch.dtype) -> Tensor:
     r"""The CSR a layer aggregates over in the current plan, as the
-    layer's own forward would build it."""
-    aggr = conv.aggr if isinstance(conv.aggr, str) else None
-    if isinstance(conv, GCNConv):
-        if conv.normalize:  # as DistGCNConv._aggregate without edge weights
-            improved = conv.improved and (not isinstance(edge_index, Tensor)
-                                          or is_torch_sparse_tensor(edge_index))
-            adj, _ = whole_graph_norm(ctx, edge_index, None, improved, conv.add_self_loops,
-                                      dtype)
-        else:
-            adj, _ = ctx.weighted_adjacency(edge_index, None, conv.aggr)
+    layer-by-layer engines build it."""
+    conv = state.module
+    if state.spec.normalisation == "gcn":
+        adj, _ = gcn_graph(ctx, conv, edge_index, None, dtype)
     else:
-        adj = ctx.adjacency(edge_index, True, aggr)
+        adj = ctx.adjacency(edge_index, True, conv.aggr if isinstance(conv.aggr, str) else None)
     if not (isinstance(adj, Tensor) and adj.layout == torch.sparse_csr):
-        raise NotImplementedError(f"layer '{conv._dist_key}' aggregates over "
+        raise NotImplementedError(f"layer '{state.key}' aggregates over "
                                   f"{type(adj).__name__}, not a CSR adj_t")
     return adj
 
@@ -438,12 +441,12 @@ def _layer_adjacency(ctx, conv, edge_index, dtype: torch.dtype) -> Tensor:
 class _Pass:
     r"""One forward (and its backward) on a :class:`Schedule`."""
 
-    def __init__(self, owner: AsyncLayers, schedule: Schedule, params: List[Tensor]) -> None:
+    def __init__(self, owner: NodesEngine, schedule: Schedule, params: List[Tensor]) -> None:
         self.owner, self.s = owner, schedule
         self.ctx = owner.ctx
         self.stats = self.ctx.stats
         self.params = params
-        self.convs = list(owner.model.convs)
+        self.convs = owner.convs  # the layers' states
         self.buffers: List[Optional[Tensor]] = [None] * (schedule.num_layers + 1)
         # (l, s) -> the rows it read and its own rows (views or a gather of the buffer)
         self.sources: Dict[Tuple[int, int], Tuple[Tensor, Tensor]] = {}
@@ -493,8 +496,9 @@ class _Pass:
     def _transform(self, l: int, rows: Tensor) -> Tensor:
         r"""What layer ``l + 1`` exchanges and aggregates of its input rows:
         GCN's :math:`X\Theta`, the rows themselves otherwise."""
-        if l < self.s.num_layers and isinstance(self.convs[l], GCNConv):
-            return self.convs[l].lin(rows)
+        if l < self.s.num_layers and self.convs[l].spec.transform_first:
+            state = self.convs[l]
+            return getattr(state.module, state.spec.neighbour_weight)(rows)
         return rows
 
     def _store(self, l: int, stage: int, out: Tensor, layer: Layer) -> None:
@@ -523,23 +527,24 @@ class _Pass:
         src = buf[:st.width]
         own = buf[st.self_rows] if isinstance(st.self_rows, slice) else \
             buf.index_select(0, st.self_rows)
-        conv = self.convs[l - 1]
+        state = self.convs[l - 1]
+        conv = state.module
         differentiable = self.differentiable and buf.requires_grad
         if differentiable and conv.aggr in SCALED:
-            conv.message_and_aggregate = self._aggregation(l, stage, conv, src)
+            state.aggregation = self._aggregation(l, stage, conv, src)
         try:
-            if isinstance(conv, GCNConv):
-                out = conv.propagate(st.block, x=src, edge_weight=None)
+            if state.spec.transform_first:  # its rows are transformed: aggregate, add the bias
+                out = self.owner.plain(state, st.block, None, x=src, edge_weight=None)
                 if conv.bias is not None:
                     out = out + conv.bias
             else:
-                conv._dist_prepared, conv._dist_message_weight = True, None
+                state.prepared = True
                 try:
-                    out = type(conv).forward(conv, (src, own), st.block)
+                    out = conv.forward((src, own), st.block)
                 finally:
-                    conv._dist_prepared = False
+                    state.prepared = False
         finally:
-            conv.__dict__.pop("message_and_aggregate", None)
+            state.aggregation = None
         out = self._between(l, out)
         self._store(l, stage, out, self.s.layers[l])
         if differentiable:
@@ -582,7 +587,7 @@ class _Pass:
         buf = self.buffers[l - 1].detach()
         inner = buf[below.position[:plan.num_inner]]
         x_src = torch.cat([inner, buf[below.num_rows:below.num_rows + below.num_recv]])
-        ctx.enter(self.convs[l - 1]._dist_key)
+        ctx.enter(self.convs[l - 1])
         ctx.observe(self.s.keys[l - 1], x_src)
 
     def _post(self, j: int) -> None:

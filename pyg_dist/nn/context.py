@@ -6,6 +6,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
 
 from pyg_dist.cache import ExactCache, FeatureCache, HaloCache
 from pyg_dist.comm import DEFAULT_EXCHANGE, Exchange, HaloPlan, get_exchange
@@ -15,7 +16,6 @@ from pyg_dist.comm.stats import CommStats
 from pyg_dist.data import DistData
 from pyg_dist.utils.aggregate import keep_transpose
 from pyg_dist.nn.dropout import dropout
-from pyg_dist.nn.spec import spec_of
 
 Observer = Callable[[str, Tensor, HaloPlan], None]
 
@@ -66,9 +66,8 @@ class HaloContext:
         self.full_plan = HaloPlan.full(data)
         self._plans: Plans = self.full_plan
         self._upcoming: List[Plans] = []  # the plans of the coming iterations
-        self.layer_index: Dict[str, int] = {}  # layer key -> position in the model
-        self.layers: Dict[str, torch.nn.Module] = {}  # layer key -> the layer
-        self._key: Optional[str] = None  # the layer running now
+        self.num_layers = 0  # distributed layers of the model (set by distribute())
+        self.running: Any = None  # the LayerState of the layer running now
         self._layer = 0
         self.stats = stats if stats is not None else CommStats()
         self.observers: List[Observer] = []
@@ -80,6 +79,10 @@ class HaloContext:
         # What layers compute once per context (e.g. GCN's whole-graph degrees).
         self.memo: Dict[str, Any] = {}
         self._precomputed: Dict[str, Tuple[int, Tensor]] = {}
+        # dropout output -> (its input, p): the rows a stale cache exchanges
+        self.undropped = WeakIdKeyDictionary()
+        # a graph gcn_norm normalised -> the plan it was normalised for
+        self.normalised = WeakIdKeyDictionary()
         self.exact_cache = self.cache if type(self.cache) is ExactCache else ExactCache()
         self.feature_cache = feature_cache
         self.overlap = overlap
@@ -108,10 +111,10 @@ class HaloContext:
         :obj:`input_features` says whether the first layer's input is the
         partition's input features ``data.x`` (see
         :meth:`is_input_features`)."""
-        if not isinstance(plan, HaloPlan) and self.layer_index \
-                and len(plan) != len(self.layer_index):
+        if not isinstance(plan, HaloPlan) and self.num_layers \
+                and len(plan) != self.num_layers:
             raise ValueError(f"Got {len(plan)} layer plans for a model with "
-                             f"{len(self.layer_index)} distributed layers")
+                             f"{self.num_layers} distributed layers")
         previous = self._plans, self._upcoming, self._input_features
         self._plans, self._upcoming = plan, list(upcoming)
         self._input_features = input_features
@@ -120,10 +123,11 @@ class HaloContext:
         finally:
             self._plans, self._upcoming, self._input_features = previous
 
-    def enter(self, key: str) -> None:
-        r"""Called by a distributed layer when it starts: selects its plan."""
-        self._layer = self.layer_index.get(key, 0)
-        self._key = key
+    def enter(self, layer) -> None:
+        r"""Called when a distributed layer (its
+        :class:`~pyg_dist.nn.state.LayerState`) starts: selects its plan."""
+        self._layer = layer.index
+        self.running = layer
 
     def neighbour_weight(self) -> Optional[Tensor]:
         r"""The matrix :math:`W` the running layer applies to the rows it
@@ -132,13 +136,11 @@ class HaloContext:
         :math:`H`, SAGE's :math:`W_2`, GraphConv's :math:`W_2`); ``None``
         otherwise. Samplers that estimate the aggregated terms
         :math:`W h_j` (PSC-GCN's :math:`\mathbf y_{ij}`) read it."""
-        layer = self.layers.get(self._key)
-        spec = spec_of(layer) if layer is not None else None
+        layer = self.running
         # GCN exchanges XΘ unless its rows must travel raw (see DistGCNConv)
-        if spec is None or spec.neighbour_weight is None \
-                or not getattr(layer, "_dist_exchanges_raw", True):
+        if layer is None or layer.spec.neighbour_weight is None or not layer.exchanges_raw:
             return None
-        return getattr(getattr(layer, spec.neighbour_weight, None), "weight", None)
+        return getattr(getattr(layer.module, layer.spec.neighbour_weight, None), "weight", None)
 
     def _at_layer(self, plans: Plans) -> HaloPlan:
         return plans if isinstance(plans, HaloPlan) else plans[self._layer]
@@ -204,12 +206,13 @@ class HaloContext:
         cache = self.active_cache
         if self.feature_cache is not None and self.is_input_features(x):
             return self.feature_cache.serve(key, x, self.plan, self.upcoming, cache)
-        if cache.stale and hasattr(x, "_dist_dropout"):
+        undropped = self.undropped.get(x) if cache.stale else None
+        if undropped is not None:
             # Dropout after the exchange: the rows travel undropped and are
             # dropped here, so the forward and the backward share one mask
             # even when the gradients reach the owner iterations later.
-            undropped, p = x._dist_dropout
-            return dropout(cache.fetch(key, undropped, self.plan, self.upcoming), p)
+            rows, p = undropped
+            return dropout(cache.fetch(key, rows, self.plan, self.upcoming), p)
         return cache.fetch(key, x, self.plan, self.upcoming)
 
     def finish(self) -> None:
@@ -219,7 +222,7 @@ class HaloContext:
     def extend(self, key: str, x: Tensor) -> Tensor:
         r"""``[x | received halo rows of x]``: the source rows of the plan's graph."""
         self.check_rows(key, x)
-        if self.plan.num_recv == 0 and (self.plan.skip_exchange or self.world_size == 1):
+        if self.plan.num_recv == 0 and not self.exchanges_now(self.plan):
             x_src = x  # nothing travels: skip a full copy of x
         elif (type(self.active_cache) is ExactCache and self.codec is None
               and not (self.feature_cache is not None and self.is_input_features(x))):
@@ -229,13 +232,10 @@ class HaloContext:
         self.observe(key, x_src)
         return x_src
 
-    def aggregate(self, key: str, x: Tensor, adj,
-                  run: Callable[[Any, Tensor, Tuple[int, int]], Tensor]) -> Tensor:
-        r"""``run(adj, x_src, size)``: a layer's aggregation of :obj:`x`'s
-        plan sources over :obj:`adj` (the plan's graph), as the
-        :attr:`exchange` runs it (by default: the halo rows first, see
-        :meth:`~pyg_dist.comm.exchange.Exchange.aggregate`)."""
-        return self.exchange.aggregate(self, key, x, adj, run)
+    def exchanges_now(self, plan: HaloPlan) -> bool:
+        r"""Whether :obj:`plan` moves rows between ranks at all (not in a
+        world of one rank, nor on a plan that isolates the partitions)."""
+        return not (plan.skip_exchange or self.world_size == 1 or not dist.is_initialized())
 
     def check_rows(self, key: str, x: Tensor) -> None:
         if x.size(0) != self.num_inner:
@@ -273,7 +273,8 @@ class HaloContext:
         values weighted for an unbiased sampled :obj:`aggr`) or
         ``edge_index`` (per-edge messages) when :obj:`edge_index` is the
         partition's own graph; any other graph is returned as given."""
-        made_for = getattr(edge_index, "_dist_plan", None)  # by pyg_dist.nn.gcn_norm
+        made_for = (self.normalised.get(edge_index)  # by pyg_dist.nn.gcn_norm
+                    if isinstance(edge_index, Tensor) else None)
         if made_for is not None:
             if made_for is not self.plan and not (made_for.is_exact and self.plan.is_exact):
                 raise ValueError("A layer reused the normalised graph of another halo plan "

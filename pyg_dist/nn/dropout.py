@@ -30,6 +30,8 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
+from pyg_dist.nn.convert import convert, exactly
+
 #: The signed integer type read out of the random words for b bits.
 _SIGNED = {8: torch.int8, 16: torch.int16, 32: torch.int32}
 
@@ -91,8 +93,6 @@ class Dropout(torch.nn.Dropout):
 def fast_dropout(model: torch.nn.Module) -> torch.nn.Module:
     r"""Makes every :class:`torch.nn.Dropout` of :obj:`model` (that class
     exactly, not a subclass) a :class:`Dropout` of the same probability, in
-    place (its hooks stay); returns :obj:`model`."""
-    for module in model.modules():
-        if type(module) is torch.nn.Dropout:
-            module.__class__ = Dropout
-    return model
+    place (:func:`~pyg_dist.nn.convert.convert`; its hooks stay); returns
+    :obj:`model`."""
+    return convert(model, exactly({torch.nn.Dropout: Dropout}))

@@ -74,12 +74,12 @@ def gcn_norm(edge_index, edge_weight: Optional[Tensor] = None, num_nodes: Option
                                 dtype or torch.float)
     if not isinstance(adj_t, Tensor) or adj_t.layout != torch.sparse_csr:
         return adj_t, _  # a bipartite edge_index given by the caller, normalised
-    adj_t._dist_plan = ctx.plan
+    ctx.normalised[adj_t] = ctx.plan  # HaloContext.adjacency checks it is reused on its plan
     if sparse:
         return adj_t, None
     dst = torch._convert_indices_from_csr_to_coo(adj_t.crow_indices(), adj_t.col_indices())[0]
     edge_index = torch.stack([adj_t.col_indices(), dst])
-    edge_index._dist_plan = ctx.plan
+    ctx.normalised[edge_index] = ctx.plan
     return edge_index, adj_t.values()
 
 

@@ -70,8 +70,8 @@ def node_moments(x: Tensor, group=None) -> Moments:
 
 
 def _group(module) -> Optional[object]:
-    ctx = getattr(module, "_dist_ctx", None)
-    return None if ctx is None else ctx.group
+    # set by distribute(), as SyncBatchNorm's (None: the default group)
+    return getattr(module, "process_group", None)
 
 
 def _no_batch(module, batch: Optional[Tensor]) -> None:

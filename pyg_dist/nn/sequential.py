@@ -1,4 +1,4 @@
-r"""The layer side of the sequential exchange (SAR,
+r"""The sequential engine: the layer side of the sequential exchange (SAR,
 :class:`~pyg_dist.comm.sequential.Sequential`, whose module gives the
 formulas): a layer's propagate runs once per peer's *piece* of its graph,
 given that piece's source rows, and the exchange folds the partial
@@ -14,7 +14,9 @@ from torch import Tensor
 from torch_geometric.nn.conv import MessagePassing
 
 from pyg_dist.nn.arguments import source_args, target_args
-from pyg_dist.nn.spec import layer_names, spec_of
+from pyg_dist.nn.engine import Engine
+from pyg_dist.nn.spec import is_layer, layer_names, pyg_class, spec_of
+from pyg_dist.nn.state import LayerState, state_of
 
 
 def message_params(module: torch.nn.Module) -> List[Tensor]:
@@ -33,11 +35,11 @@ def check_model(model: torch.nn.Module, exchange) -> None:
     refused = []
     verified = layer_names(sequential=True)
     for path, module in model.named_modules():
-        if not isinstance(module, MessagePassing):
+        if not is_layer(module):
             continue
         cls = type(module)
         name = cls.__name__
-        pyg = cls.__module__.startswith("torch_geometric.")
+        pyg = pyg_class(cls) is not None
         if pyg and name not in verified:
             refused.append(f"'{path}' ({name}): not among the layers verified under the "
                            f"sequential exchange ({', '.join(sorted(verified))})")
@@ -57,13 +59,6 @@ class Deferred(NamedTuple):
     r"""An edge update (e.g. GAT's attention logits and softmax) left to
     each piece: the arguments it was called with."""
     kwargs: Dict[str, Any]
-
-
-def defer_edge_update(module: MessagePassing, edge_index, size=None, **kwargs) -> Deferred:
-    r"""``edge_updater`` under the sequential exchange: the per-edge values
-    it would compute over the whole neighbourhood are computed per piece,
-    inside propagate (:func:`sequential_propagate`)."""
-    return Deferred(kwargs)
 
 
 class _Slots:
@@ -124,66 +119,125 @@ class _Slots:
             elif kind == "tensor":
                 kwargs[name] = others[slot]
             elif kind == "deferred":
-                kwargs[name] = type(self.module).edge_updater(
-                    self.module, piece.graph, size=(piece.num_rows, num_inner),
+                kwargs[name] = self.module.pyg_edge_updater(
+                    piece.graph, size=(piece.num_rows, num_inner),
                     **self.build(slot, piece, rows, others, num_inner))
             else:
                 kwargs[name] = slot
         return kwargs
 
 
-def sequential_propagate(module: MessagePassing, edge_index, size=None, **kwargs):
-    r"""``propagate`` under the sequential exchange: the layer's own
-    propagate (and deferred edge update) runs on each piece of the plan's
-    graph, given that piece's source rows and the inner nodes as targets
-    (bipartite), and the exchange folds the results."""
-    ctx = module._dist_ctx
-    ctx.enter(module._dist_key)
-    call = getattr(module, "_dist_calls", 0)
-    module._dist_calls = call + 1
-    if getattr(module, "_dist_plan_graph", False):  # already the plan's (DistGATConv)
-        graph, weight = edge_index, None
-    elif ctx.is_local_graph(edge_index):
-        graph, weight, kwargs = ctx.propagate_args(module, edge_index, kwargs,
-                                                   source_args(module))
-    else:
-        raise NotImplementedError(
-            f"Layer '{module._dist_key}': exchange='sequential' aggregates the partition's "
-            f"own graph (data.edge_index or data.adj_t)")
-    slots = _Slots(module, kwargs)
-    num_inner = ctx.num_inner
-    # counted like the halo exchange's keys: layer.arg, #k for the k-th propagate
-    key = f"{module._dist_key}.{'+'.join(slots.names)}" + (f"#{call}" if call else "")
+class SequentialEngine(Engine):
+    r"""``"sequential"`` (SAR): a layer's propagate (and deferred edge
+    update) runs on each piece of the plan's graph, given that piece's
+    source rows and the inner nodes as targets (bipartite), and the
+    exchange (:meth:`~pyg_dist.comm.exchange.Exchange.aggregate_pieces`)
+    folds the partial aggregates; no layer holds its whole halo."""
+    name = "sequential"
+    summary = "each layer aggregates one peer's rows at a time (SAR)"
 
-    def run(piece, rows: List[Tensor], others: List[Tensor]) -> Tensor:
-        module._dist_prepared = True
-        module._dist_message_weight = None if weight is None else \
-            weight.index_select(0, piece.edge_id)
-        try:
-            return type(module).propagate(module, piece.graph, size=(piece.num_rows, num_inner),
-                                          **slots.build(slots.items, piece, rows, others,
-                                                        num_inner))
-        finally:
-            module._dist_prepared, module._dist_message_weight = False, None
-            if hasattr(module, "_alpha"):  # TransformerConv keeps a piece's scores
-                module._alpha = None
+    @classmethod
+    def check(cls, model: torch.nn.Module, exchange, cache=None, feature_cache=None,
+              precompute: bool = False) -> None:
+        check_model(model, exchange)
 
-    # a PyG layer whose propagate aggregates its input's source rows as they are
-    # (GCN, SAGE, GIN, GraphConv: the first layer's aggregation precomputes), given
-    # nothing but them (a pair's target rows are not read)
-    spec = spec_of(module)
-    linear = (spec is not None and spec.precomputable and weight is None
-              and all(kind in ("source", "const") for _, kind, _ in slots.items))
-    return ctx.exchange.aggregate_pieces(ctx, key, graph, slots.sources, slots.others, run,
-                                         module.aggr, module, message_params(module),
-                                         linear=linear)
+    def attach(self, module: torch.nn.Module, key: str, spec) -> LayerState:
+        state = super().attach(module, key, spec)
+        if "return_attention_weights" in inspect.signature(module.forward).parameters:
+            state.hooks.append(module.register_forward_pre_hook(_refuse_attention_weights,
+                                                                with_kwargs=True))
+        return state
+
+    def _leave_layer(self, module, args, out) -> None:
+        self._state(module).plan_graph = False
+        super()._leave_layer(module, args, out)
+
+    def attention_inputs(self, layer, x: Tensor, edge_index, edge_attr):
+        r"""An attention layer's inputs: its own rows and the plan's edges.
+        Each rank transforms its own rows; every piece's sources travel
+        transformed and its edges are scored by the deferred edge update."""
+        state, ctx = self._state(layer), self.ctx
+        ctx.enter(state)
+        if not ctx.is_local_graph(edge_index):
+            raise NotImplementedError(
+                f"Layer '{state.key}': exchange='sequential' attends over the "
+                f"partition's own graph")
+        if edge_attr is not None:
+            edge_attr = ctx.plan.edges(edge_attr)
+        state.plan_graph = True
+        return x, ctx.adjacency(edge_index, fused=False), edge_attr
+
+    def edge_updater(self, state: LayerState, edge_index, size, kwargs: Dict[str, Any]):
+        r"""The per-edge values it would compute over the whole neighbourhood
+        are computed per piece, inside propagate."""
+        if state.prepared:
+            return state.module.pyg_edge_updater(edge_index, size=size, **kwargs)
+        return Deferred(kwargs)
+
+    def propagate(self, state: LayerState, edge_index, size, kwargs: Dict[str, Any]):
+        if state.spec.self_exchanging and not state.prepared:
+            self.ctx.enter(state)
+            return self._propagate(state, edge_index, size, kwargs)
+        return super().propagate(state, edge_index, size, kwargs)
+
+    def _propagate(self, state: LayerState, edge_index, size, kwargs: Dict[str, Any]):
+        ctx, module = self.ctx, state.module
+        call, state.calls = state.calls, state.calls + 1
+        if state.plan_graph:  # already the plan's (an attention layer's)
+            graph, weight = edge_index, None
+        elif ctx.is_local_graph(edge_index):
+            graph, weight, kwargs = ctx.propagate_args(module, edge_index, kwargs,
+                                                       source_args(module))
+        else:
+            raise NotImplementedError(
+                f"Layer '{state.key}': exchange='sequential' aggregates the partition's "
+                f"own graph (data.edge_index or data.adj_t)")
+        slots = _Slots(module, kwargs)
+        num_inner = ctx.num_inner
+        # counted like the halo exchange's keys: layer.arg, #k for the k-th propagate
+        key = f"{state.key}.{'+'.join(slots.names)}" + (f"#{call}" if call else "")
+
+        def run(piece, rows: List[Tensor], others: List[Tensor]) -> Tensor:
+            state.message_weight = None if weight is None else \
+                weight.index_select(0, piece.edge_id)
+            try:
+                return self.plain(state, piece.graph, (piece.num_rows, num_inner),
+                                  **slots.build(slots.items, piece, rows, others, num_inner))
+            finally:
+                state.message_weight = None
+                if hasattr(module, "_alpha"):  # TransformerConv keeps a piece's scores
+                    module._alpha = None
+
+        # a PyG layer whose propagate aggregates its input's source rows as they are
+        # (GCN, SAGE, GIN, GraphConv: the first layer's aggregation precomputes), given
+        # nothing but them (a pair's target rows are not read)
+        linear = (state.spec.precomputable and weight is None
+                  and all(kind in ("source", "const") for _, kind, _ in slots.items))
+        return ctx.exchange.aggregate_pieces(ctx, key, graph, slots.sources, slots.others, run,
+                                             module.aggr, module, message_params(module),
+                                             linear=linear)
+
+    def aggregate(self, state: LayerState, key: str, x: Tensor, adj, run) -> Tensor:
+        r"""GCN's aggregation over its normalised CSR, piece by piece."""
+        ctx = self.ctx
+        if not (isinstance(adj, Tensor) and adj.layout == torch.sparse_csr
+                and adj.size(1) == ctx.num_src and not adj.requires_grad):
+            raise NotImplementedError(
+                f"Layer '{key}': exchange='sequential' runs GCNConv on the partition's "
+                f"own graph through its normalised CSR (normalize=True), with edge "
+                f"weights that need no gradient; use exchange='halo' for this layer")
+        num_inner = ctx.num_inner
+        return ctx.exchange.aggregate_pieces(
+            ctx, key, adj, [x], [],
+            lambda piece, rows, _: run(piece.graph, rows[0], (piece.num_rows, num_inner)),
+            "sum", state.module, (), linear=True)
 
 
-def refuse_attention_weights(module: MessagePassing, args, kwargs) -> None:
+def _refuse_attention_weights(module: MessagePassing, args, kwargs) -> None:
     r"""Forward pre-hook: no layer returns attention weights under the
     sequential exchange (no piece holds a whole neighbourhood's)."""
     given = dict(zip(inspect.signature(module.forward).parameters, args), **kwargs)
     if given.get("return_attention_weights"):
         raise NotImplementedError(
-            f"Layer '{module._dist_key}': exchange='sequential' returns no attention weights "
-            f"(each peer's piece holds only part of a neighbourhood's)")
+            f"Layer '{state_of(module).key}': exchange='sequential' returns no attention "
+            f"weights (each peer's piece holds only part of a neighbourhood's)")

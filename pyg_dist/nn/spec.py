@@ -1,11 +1,15 @@
 r"""``LayerSpec``: what pyg_dist knows about each PyG class, in one table.
 
-Every engine reads :data:`LAYERS`: :func:`~pyg_dist.nn.distribute` (which
-classes are exact, which get a subclass, which precompute), the sequential
-exchange (which layers it verified and the parameters their messages
-read), the per-node schedule (which layers it runs), the samplers (the
-weight a layer applies to the rows it aggregates) and the table of
-supported layers in ``docs/layers.md`` (:func:`~pyg_dist.nn.support.markdown_table`).
+Every engine reads :data:`LAYERS` and never tests a layer's class:
+:func:`~pyg_dist.nn.distribute` (which classes are exact, which get a
+subclass, which precompute), the engines (which normalisation a layer's
+graph takes, which layers the sequential engine verified and the
+parameters their messages read, which the per-node schedule runs, which
+transform before they aggregate), per-layer trimming of mini-batches
+(:mod:`pyg_dist.nn.trim`), the neighbour loader's first-layer projection,
+the samplers (the weight a layer applies to the rows it aggregates) and the
+table of supported layers in ``docs/layers.md``
+(:func:`~pyg_dist.nn.support.markdown_table`).
 
 A class is looked up by the PyG class itself (:func:`spec_of`); pyg_dist's
 subclasses (``DistGCNConv``...) by the PyG class they extend. A user's
@@ -13,7 +17,10 @@ subclass of a PyG layer has no spec: it is the user's to vouch for, and
 only the facts that hold for any layer apply to it.
 """
 from dataclasses import dataclass
-from typing import Dict, Optional, Set, Tuple
+from typing import Dict, NamedTuple, Optional, Set, Tuple
+
+import torch
+from torch_geometric.nn.conv import MessagePassing
 
 from pyg_dist.nn.conv import (DistChebConv, DistGATConv, DistGATv2Conv, DistGCNConv,
                               DistGraphConv, DistSAGEConv)
@@ -23,6 +30,15 @@ from pyg_dist.nn.conv import (DistChebConv, DistGATConv, DistGATv2Conv, DistGCNC
 #: ``gcn_norm``, made the whole graph's by :mod:`pyg_dist.nn.gcn_norm`),
 #: ``"row_wise"`` (per node, per target or a container), ``"refused"``.
 ROLES = ("propagates", "gcn_norm", "row_wise", "refused")
+#: How a layer runs on a trimmed mini-batch layer (:mod:`pyg_dist.nn.trim`):
+#: on ``(x, x[:n_dst])`` and the block's rows (``"bipartite"``), on the
+#: block's first edges (``"edges"``), or on the rows of the batch's
+#: normalised graph (``"normalised"``).
+TRIMS = ("bipartite", "edges", "normalised")
+#: Norms that act row by row (statistics over a layer's rows would change
+#: with the rows computed): accepted between layers trimmed per layer or
+#: scheduled per node.
+ROW_WISE_NORMS = (torch.nn.Identity, torch.nn.LayerNorm, torch.nn.RMSNorm)
 
 
 @dataclass(frozen=True)
@@ -35,7 +51,8 @@ class LayerSpec:
     #: The subclass it becomes: its forward does node-count dependent work
     #: before propagate, or projects before it aggregates.
     subclass: Optional[type] = None
-    #: Its subclass fetches the halo rows itself (no propagate hook).
+    #: Its subclass fetches the halo rows in its forward
+    #: (:meth:`~pyg_dist.nn.engine.Engine.attention_inputs`), not in propagate.
     self_exchanging: bool = False
     #: Its forward normalises a sparse adjacency it takes to be square (the
     #: partition's ``adj_t`` is ``[inner, inner + halo]``): given the
@@ -52,21 +69,30 @@ class LayerSpec:
     message_params: Tuple[str, ...] = ()
     #: Scheduled per node across layers (``overlap="nodes"``).
     node_schedule: bool = False
-    #: Its rows can be computed for any subset of targets: its forward
-    #: takes ``(x_src, x_dst)`` and a CSR ``adj_t`` of those targets.
-    bipartite: bool = False
     #: The linear layer it applies to the rows it aggregates, when the rows
     #: it exchanges are not yet multiplied by it (samplers estimating the
     #: aggregated terms read its weight).
     neighbour_weight: Optional[str] = None
+    #: The linear layer it applies to its target's own row (root weight).
+    root_weight: Optional[str] = None
+    #: PyG's order multiplies the rows by :attr:`neighbour_weight` before it
+    #: aggregates them (GCN's :math:`\hat A (X \Theta)`), so those are the
+    #: rows exchanged; else it aggregates its input.
+    transform_first: bool = False
+    #: ``"gcn"``: its propagate aggregates over its graph normalised with
+    #: GCN's symmetric degrees (the whole graph's, distributed).
+    normalisation: Optional[str] = None
+    #: How it runs trimmed per layer (one of :data:`TRIMS`; ``None``: not).
+    trim: Optional[str] = None
     #: The plain PyG model built of it takes a ``torch.sparse`` ``adj_t``
     #: (GATConv adds its self-loops to an ``edge_index`` only).
     takes_adj_t: bool = True
 
     def __post_init__(self) -> None:
-        if self.role not in ROLES or (self.role == "refused") != (self.refusal is not None):
+        if self.role not in ROLES or (self.role == "refused") != (self.refusal is not None) \
+                or self.trim not in TRIMS + (None, ):
             raise ValueError(f"LayerSpec {self.name}: role {self.role!r} with refusal "
-                             f"{self.refusal!r}")
+                             f"{self.refusal!r}, trim {self.trim!r}")
 
 
 def _refused(why: str, *names: str) -> Tuple[LayerSpec, ...]:
@@ -82,17 +108,20 @@ _READOUT = "a graph-level readout over this rank's nodes only"
 
 #: Every PyG class pyg_dist knows, by name; any other is refused.
 LAYERS: Dict[str, LayerSpec] = {spec.name: spec for spec in (
-    LayerSpec("GCNConv", subclass=DistGCNConv, self_exchanging=True, precomputable=True,
-              sequential=True, node_schedule=True, neighbour_weight="lin"),
-    LayerSpec("SAGEConv", subclass=DistSAGEConv, precomputable=True, sequential=True, node_schedule=True,
-              bipartite=True, neighbour_weight="lin_l"),
+    LayerSpec("GCNConv", subclass=DistGCNConv, precomputable=True, sequential=True,
+              node_schedule=True, neighbour_weight="lin", transform_first=True,
+              normalisation="gcn", trim="normalised"),
+    LayerSpec("SAGEConv", subclass=DistSAGEConv, precomputable=True, sequential=True,
+              node_schedule=True, neighbour_weight="lin_l",
+              root_weight="lin_r", trim="bipartite"),
     LayerSpec("GINConv", precomputable=True, sequential=True, node_schedule=True,
-              bipartite=True),
-    LayerSpec("GraphConv", subclass=DistGraphConv, precomputable=True, sequential=True, node_schedule=True,
-              bipartite=True, neighbour_weight="lin_rel"),
+              trim="bipartite"),
+    LayerSpec("GraphConv", subclass=DistGraphConv, precomputable=True, sequential=True,
+              node_schedule=True, neighbour_weight="lin_rel",
+              root_weight="lin_root", trim="bipartite"),
     LayerSpec("GINEConv", sequential=True, message_params=("lin", )),
     LayerSpec("GATConv", subclass=DistGATConv, self_exchanging=True, sequential=True,
-              message_params=("lin_edge", "att_edge"), takes_adj_t=False),
+              message_params=("lin_edge", "att_edge"), takes_adj_t=False, trim="edges"),
     LayerSpec("GATv2Conv", subclass=DistGATv2Conv, self_exchanging=True, sequential=True,
               message_params=("att", "lin_edge")),
     LayerSpec("TransformerConv", sequential=True, message_params=("lin_edge", )),
@@ -154,3 +183,35 @@ def layer_names(**facts) -> Set[str]:
     (e.g. ``layer_names(sequential=True)``)."""
     return {name for name, spec in LAYERS.items()
             if all(getattr(spec, field) == value for field, value in facts.items())}
+
+
+def is_layer(module) -> bool:
+    r"""Whether :obj:`module` is a PyG message-passing layer (of any class)."""
+    return isinstance(module, MessagePassing)
+
+
+class LinearParts(NamedTuple):
+    r"""A layer computing :math:`W_{root} x_i + \mathrm{aggr}_j(W x_j) + b`."""
+    aggregated: torch.nn.Linear  # W, its bias added after the aggregation
+    root: Optional[torch.nn.Linear]  # W_root, or None
+    normalize: bool  # the output rows are L2-normalised
+
+
+#: Aggregations that commute with a linear map: :math:`\mathrm{aggr}_j(W
+#: x_j) = W\,\mathrm{aggr}_j(x_j)`.
+LINEAR_AGGREGATIONS = ("mean", "sum", "add")
+
+
+def linear_parts(layer) -> Optional[LinearParts]:
+    r"""The linear maps of :obj:`layer` when it may project its source rows
+    before aggregating them (its spec has a :attr:`~LayerSpec.root_weight`,
+    its aggregation is linear, SAGE's ``project`` is off and the layer was
+    not told to keep PyG's order); ``None`` otherwise."""
+    spec = spec_of(layer)
+    if spec is None or spec.root_weight is None or not getattr(layer, "project_first", True) \
+            or getattr(layer, "project", False) or not isinstance(layer.aggr, str) \
+            or layer.aggr not in LINEAR_AGGREGATIONS:
+        return None
+    root = getattr(layer, spec.root_weight) if getattr(layer, "root_weight", True) else None
+    return LinearParts(getattr(layer, spec.neighbour_weight), root,
+                       bool(getattr(layer, "normalize", False)))

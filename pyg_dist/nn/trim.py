@@ -13,25 +13,20 @@ bipartitely on ``(x, x[:n_dst])`` over the ``[n_dst, n_src]`` block of
 batch's), and the seeds' outputs equal the untrimmed model's. The last
 layer outputs the seeds' rows only.
 
-Applies to PyG's BasicGNN models whose layers run bipartitely (the
-:data:`~pyg_dist.nn.spec.LAYERS` marked ``bipartite``, GCN and GAT), with
-row-wise norms and no jumping knowledge; any other model runs untrimmed.
+Applies to PyG's BasicGNN models whose layers run trimmed (the
+:data:`~pyg_dist.nn.spec.LAYERS` with a ``trim``), with row-wise norms and
+no jumping knowledge; any other model runs untrimmed.
 """
 from contextlib import contextmanager
 from typing import Callable, Dict, Iterator, List, Optional
 
 import torch
 from torch import Tensor
-from torch_geometric.nn import GATConv, GCNConv
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 
-from pyg_dist.nn.spec import spec_of
+from pyg_dist.nn.spec import ROW_WISE_NORMS, spec_of
 from pyg_dist.utils import csr_tensor
-
-#: Norms that act row by row (statistics over a layer's rows would change
-#: with the rows computed).
-ROW_WISE_NORMS = (torch.nn.Identity, torch.nn.LayerNorm, torch.nn.RMSNorm)
 
 
 def trims(model: torch.nn.Module) -> bool:
@@ -40,8 +35,7 @@ def trims(model: torch.nn.Module) -> bool:
             or model.jk_mode is not None or hasattr(model, "lin"):
         return False
     return all(isinstance(norm, ROW_WISE_NORMS) for norm in model.norms) and all(
-        isinstance(conv, (GCNConv, GATConv)) or getattr(spec_of(conv), "bipartite", False)
-        for conv in model.convs)
+        getattr(spec_of(conv), "trim", None) is not None for conv in model.convs)
 
 
 def layer_sizes(num_sampled_nodes: List[int], num_layers: int) -> List[int]:
@@ -76,50 +70,66 @@ def trimmed(model: BasicGNN, adj_t: Optional[Tensor], num_sampled_nodes: List[in
     (the neighbour loader's :class:`~pyg_dist.loader.neighbor.RowsPlan`)."""
     sizes = layer_sizes(num_sampled_nodes, len(model.convs))
     normalised: Dict[tuple, Tensor] = {}  # GCN's adj_t, normalised once per batch
+    unnormalised: List[torch.nn.Module] = []  # GCN layers given it, their normalize off
     handles = []
-    if first_layer is not None:
-        first, block = model.convs[0], _rows(adj_t, sizes[1], sizes[0])
-        first.forward = lambda *args, **kwargs: first_layer(first, block)
     for layer, conv in enumerate(model.convs):
         n_src, n_dst = sizes[layer], sizes[layer + 1]
         if layer == 0 and first_layer is not None:
             continue
+        how = spec_of(conv).trim
 
-        def trim(module, args, kwargs, n_dst=n_dst, n_src=n_src):
+        def trim(module, args, kwargs, n_dst=n_dst, n_src=n_src, how=how):
             x, graph, *rest = args
             if x.size(0) != n_src:
                 raise ValueError(f"A trimmed layer got {x.size(0)} rows for {n_src} sources")
-            if isinstance(module, GATConv):  # per edge: the first edges, by target
+            if how == "edges":  # per edge: the first edges, by target
                 count = int(adj_t.crow_indices()[n_dst])
                 return ((x, x[:n_dst]), graph[:, :count], *rest), {**kwargs,
                                                                   "size": (n_src, n_dst)}
-            if isinstance(module, GCNConv):  # normalised on the whole batch, then cut
+            if how == "normalised":  # normalised on the whole batch, then cut
                 if module.normalize:
                     key = (module.improved, module.add_self_loops, x.dtype)
                     if key not in normalised:
                         normalised[key] = _gcn_adjacency(module, graph, x.dtype)
                     graph = normalised[key]
-                    module._dist_normalize, module.normalize = True, False
+                    module.normalize = False  # until the layer's forward returns
+                    unnormalised.append(module)
                 return (x, _rows(graph, n_dst, n_src), *rest), kwargs
             return ((x, x[:n_dst]), _rows(graph, n_dst, n_src), *rest), kwargs
 
+        def restore(module, args, out) -> None:
+            if any(module is m for m in unnormalised):
+                unnormalised.remove(module)
+                module.normalize = True
+
         handles.append(conv.register_forward_pre_hook(trim, with_kwargs=True))
-        handles.append(conv.register_forward_hook(_restore, always_call=True))
+        handles.append(conv.register_forward_hook(restore, always_call=True))
+    first = model.convs[0]
+    if first_layer is not None:  # the first layer's output comes from first_layer
+        model.convs[0] = _GivenOutput(first, first_layer, _rows(adj_t, sizes[1], sizes[0]))
     try:
         yield
     finally:
         for handle in handles:
             handle.remove()
-        if first_layer is not None:  # the layer's own forward again
-            del model.convs[0].forward
+        model.convs[0] = first
 
 
-def _restore(module, args, out) -> None:
-    if module.__dict__.pop("_dist_normalize", False):
-        module.normalize = True
+class _GivenOutput(torch.nn.Module):
+    r"""Stands in for a model's first layer while its output is
+    ``compute(layer, block)``: it reads no ``x``."""
+
+    def __init__(self, layer: torch.nn.Module, compute: Callable, block: Tensor) -> None:
+        super().__init__()
+        # a tuple, not a submodule: the model's parameters keep their names
+        self.given = (layer, compute, block)
+
+    def forward(self, *args, **kwargs) -> Tensor:
+        layer, compute, block = self.given
+        return compute(layer, block)
 
 
-def _gcn_adjacency(conv: GCNConv, adj: Tensor, dtype: torch.dtype) -> Tensor:
+def _gcn_adjacency(conv: torch.nn.Module, adj: Tensor, dtype: torch.dtype) -> Tensor:
     normed, _ = gcn_norm(adj.to(dtype), None, adj.size(0), conv.improved,
                          conv.add_self_loops, conv.flow, dtype)
     return normed if normed.layout == torch.sparse_csr else normed.to_sparse_csr()

@@ -25,8 +25,11 @@ so a resumed run computes bit for bit what the uninterrupted one did. The
 forward is torch's, the gradient the same sums: equal up to float rounding
 (tested against PyG).
 """
+from typing import Optional
+
 import torch
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
 from torch_geometric.utils import spmm as pyg_spmm
 
 from pyg_dist.utils.sparse import csr_tensor, row_pointers
@@ -55,19 +58,48 @@ def spmm(adj, x: Tensor, reduce: str = "sum") -> Tensor:
             and not adj.requires_grad):
         return pyg_spmm(adj, x, reduce)
     grad = x.requires_grad and torch.is_grad_enabled()
-    if grad and getattr(adj, "_dist_keep_transpose", False):
+    if grad and keeps_transpose(adj):
         return _Aggregate.apply(x, adj, reduce)
     if grad and reduce == "mean":
         return pyg_spmm(adj, x, reduce)
     return torch.sparse.mm(adj, x, reduce)
 
 
-def keep_transpose(adj):
+#: What is derived from a CSR graph, kept as long as the graph lives: its
+#: transposes (``"sum"``, ``"mean"``) and whether it keeps them (``"keep"``).
+_DERIVED = WeakIdKeyDictionary()
+
+
+def _derived(adj: Tensor) -> dict:
+    found = _DERIVED.get(adj)
+    if found is None:
+        found = _DERIVED[adj] = {}
+    return found
+
+
+def keep_transpose(adj, transpose: Optional[Tensor] = None):
     r"""Marks :obj:`adj` (a graph every layer of a pass aggregates over, a
-    plan's) to keep its transpose for :func:`spmm`'s backward; returns it."""
+    plan's) to keep its transpose for :func:`spmm`'s backward (:obj:`transpose`:
+    that transpose, known already); returns it."""
     if isinstance(adj, Tensor) and adj.layout == torch.sparse_csr:
-        adj._dist_keep_transpose = True
+        derived = _derived(adj)
+        derived["keep"] = True
+        if transpose is not None:
+            derived["sum"] = transpose
     return adj
+
+
+def kept(adj, reduce: str = "sum") -> Optional[Tensor]:
+    r"""The transpose :func:`transposed` keeps for :obj:`adj` and
+    :obj:`reduce` (``None``: none is kept)."""
+    derived = _DERIVED.get(adj) if isinstance(adj, Tensor) else None
+    return None if derived is None else derived.get(reduce)
+
+
+def keeps_transpose(adj) -> bool:
+    r"""Whether :obj:`adj` was marked by :func:`keep_transpose`."""
+    derived = _DERIVED.get(adj) if isinstance(adj, Tensor) else None
+    return derived is not None and derived.get("keep", False)
 
 
 class _Aggregate(torch.autograd.Function):
@@ -93,29 +125,28 @@ def transposed(adj: Tensor, reduce: str = "sum") -> Tensor:
     plan's lifetime) would serve no sum. A sum asked of the same graph
     later gets the arrays a first build would have (the same sort), on the
     mean's indices."""
-    name = "_dist_transposed" if reduce == "sum" else "_dist_transposed_" + reduce
-    found = getattr(adj, name, None)
+    derived = _derived(adj)
+    found = derived.get(reduce)
     if found is not None:
         return found
     if reduce == "sum":
-        found = _transpose(adj)
+        found = _transpose(adj, derived.get("mean"))
     else:  # mean, from the kept plain transpose or one built for it alone (not kept)
-        plain = getattr(adj, "_dist_transposed", None)
-        plain = _transpose(adj) if plain is None else plain
+        plain = derived.get("sum")
+        plain = _transpose(adj, None) if plain is None else plain
         count = adj.crow_indices().diff().clamp(min=1).to(plain.values().dtype)
         # entry (j, i) of the transpose is a_ij: divided by row i's count
         found = csr_tensor(plain.crow_indices(), plain.col_indices(),
                            plain.values() / count[plain.col_indices()], plain.shape)
-    setattr(adj, name, found)
+    derived[reduce] = found
     return found
 
 
-def _transpose(adj: Tensor) -> Tensor:
+def _transpose(adj: Tensor, mean: Optional[Tensor]) -> Tensor:
     r"""The CSR transpose of the CSR :obj:`adj`, on the indices of its kept
-    mean transpose where it has one."""
+    :obj:`mean` transpose where it has one."""
     crow, col = adj.crow_indices(), adj.col_indices()
     order = torch.sort(col, stable=True).indices  # by column, rows stay sorted
-    mean = getattr(adj, "_dist_transposed_mean", None)
     if mean is not None:
         return csr_tensor(mean.crow_indices(), mean.col_indices(), adj.values()[order],
                           mean.shape)

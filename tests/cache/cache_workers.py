@@ -361,7 +361,7 @@ def overlap_checks(root: str):
             model = pyg_dist.nn.distribute(build_model(name, part.num_features), part,
                                            overlap=overlap)
             ctx, stats = model.dist_context, model.comm_stats
-            batch = batch_subgraph(part, targets, len(ctx.layer_index))
+            batch = batch_subgraph(part, targets, ctx.num_layers)
             cases = {"exact": (ctx.full_plan, part.x, part.adj_t),
                      "bns": (bns.plan(0), part.x, part.adj_t),
                      "batch": (batch.plans, part.x[batch.data.inner_id], batch.data.adj_t)}

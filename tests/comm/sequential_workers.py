@@ -5,6 +5,8 @@ import torch.distributed as dist
 from torch_geometric.nn import (MLP, GATConv, GATv2Conv, GCNConv, GINConv, GINEConv,
                                 GraphConv, SAGEConv, TransformerConv)
 
+from pyg_dist.utils.aggregate import kept
+
 HIDDEN, OUT, EDGE_DIM = 8, 5, 3
 STEPS = 2  # SGD steps: the second runs on changed weights
 
@@ -205,7 +207,7 @@ def layer_input_freed(root: str):
             lambda module, args: seen.append(weakref.ref(args[0])))
         loss = linear_loss(model(part.x, part.edge_index), n_id)
         graph = model.dist_context.plan.adjacency("mean", True)
-        transposed = hasattr(graph, "_dist_transposed_mean")
+        transposed = kept(graph, "mean") is not None
         loss.backward()
         freed[exchange] = (seen[0]() is None, transposed)
         del loss

@@ -18,7 +18,7 @@ def cohesive_batch_checks(root: str, batch_of: torch.Tensor, balanced: bool = Fa
         torch.manual_seed(0)
         model = pyg_dist.nn.distribute(build_model(name, part.num_features), part)
         ctx, stats = model.dist_context, model.comm_stats
-        loader = CohesiveBatchLoader(part, batch_of, num_layers=len(ctx.layer_index),
+        loader = CohesiveBatchLoader(part, batch_of, num_layers=ctx.num_layers,
                                      seed=3, balanced_root=root if balanced else None)
         for batch in loader:
             model.zero_grad()

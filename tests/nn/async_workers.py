@@ -50,7 +50,7 @@ def nodes_pass(root: str, name: str, overlap, layers: int = 3, steps: int = 2,
     model = pyg_dist.nn.distribute(build(name, part.num_features, layers), part,
                                    overlap=overlap)
     _pyg_order(model)
-    runner = getattr(model, "dist_async", None)
+    runner = model.dist_engine if model.dist_engine.name == "nodes" else None
     optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
     n_id = part.n_id[:part.num_inner]
     out = {"n_id": n_id, "steps": []}
@@ -134,7 +134,7 @@ def batch_pass(root: str, overlap, name: str = "GraphSAGE"):
     ctx, stats = model.dist_context, model.comm_stats
     targets = torch.zeros(part.num_inner, dtype=torch.bool)
     targets[::5] = True
-    batch = batch_subgraph(part, targets, len(ctx.layer_index))
+    batch = batch_subgraph(part, targets, ctx.num_layers)
     bns = build_sampler("bns", part, seed=1, p=0.5)
     cases = {"batch": (batch.plans, part.x[batch.data.inner_id], batch.data.adj_t),
              "bns": (bns.plan(0), part.x, part.adj_t)}

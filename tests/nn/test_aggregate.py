@@ -6,7 +6,7 @@ import torch
 from torch_geometric.nn import GCNConv, GraphConv, SAGEConv
 from torch_geometric.utils import spmm as pyg_spmm
 
-from pyg_dist.utils.aggregate import keep_transpose, spmm, transposed
+from pyg_dist.utils.aggregate import keep_transpose, kept, spmm, transposed
 from pyg_dist.nn.conv import DistGraphConv
 from pyg_dist.nn.conv.sage_conv import DistSAGEConv
 from pyg_dist.utils import csr_tensor
@@ -25,7 +25,7 @@ def _adjacency(rows: int, cols: int, nnz: int, seed: int = 0) -> torch.Tensor:
 
 
 def _keeps_a_transpose(adj) -> bool:  # a sum's, or a mean's
-    return hasattr(adj, "_dist_transposed") or hasattr(adj, "_dist_transposed_mean")
+    return kept(adj, "sum") is not None or kept(adj, "mean") is not None
 
 
 @pytest.mark.parametrize("reduce", ["sum", "add", "mean"])
@@ -36,15 +36,15 @@ def test_equals_pyg_at_every_use(reduce):
     grad = torch.randn(60, 7)
     expected = pyg_spmm(adj, x, reduce)
     expected_grad, = torch.autograd.grad(expected, x, grad)
-    name = "_dist_transposed_mean" if reduce == "mean" else "_dist_transposed"
+    name = "mean" if reduce == "mean" else "sum"
     first = None
     for use in range(3):  # the transpose is built once, then served
         out = spmm(adj, x, reduce)
         got, = torch.autograd.grad(out, x, grad)
         assert_fp32_close(out, expected)
         assert_fp32_close(got, expected_grad)
-        first = getattr(adj, name) if first is None else first
-        assert getattr(adj, name) is first
+        first = kept(adj, name) if first is None else first
+        assert kept(adj, name) is first
         assert torch.equal(got, torch.autograd.grad(spmm(adj, x, reduce), x, grad)[0])
 
 
@@ -78,8 +78,7 @@ def test_the_transpose_is_built_before_the_output(reduce):
     adj = keep_transpose(_adjacency(60, 80, 400, seed=3))
     x = torch.randn(80, 7, requires_grad=True)
     spmm(adj, x, reduce)
-    name = "_dist_transposed" if reduce == "sum" else "_dist_transposed_mean"
-    assert isinstance(getattr(adj, name, None), torch.Tensor)
+    assert isinstance(kept(adj, "sum" if reduce == "sum" else "mean"), torch.Tensor)
 
 
 def test_the_kept_transpose_holds_only_its_own_arrays():
@@ -87,8 +86,8 @@ def test_the_kept_transpose_holds_only_its_own_arrays():
     # alive, and a mean keeps no plain transpose's values beside its own
     adj = keep_transpose(_adjacency(60, 80, 400, seed=4))
     spmm(adj, torch.randn(80, 7, requires_grad=True), "mean")
-    assert not hasattr(adj, "_dist_transposed")
-    t = adj._dist_transposed_mean
+    assert kept(adj, "sum") is None
+    t = kept(adj, "mean")
     for part in (t.crow_indices(), t.col_indices(), t.values()):
         assert part.untyped_storage().nbytes() == part.numel() * part.element_size()
 
@@ -99,10 +98,10 @@ def test_a_sum_after_a_mean_shares_its_indices_and_equals_a_first_build():
     x = torch.randn(80, 7, requires_grad=True)
     spmm(adj, x, "mean")
     spmm(adj, x, "sum")
-    mean, plain = adj._dist_transposed_mean, transposed(fresh)
-    assert adj._dist_transposed.col_indices().data_ptr() == mean.col_indices().data_ptr()
-    for a, b in zip((adj._dist_transposed.crow_indices(), adj._dist_transposed.col_indices(),
-                     adj._dist_transposed.values()),
+    mean, plain = kept(adj, "mean"), transposed(fresh)
+    assert kept(adj, "sum").col_indices().data_ptr() == mean.col_indices().data_ptr()
+    for a, b in zip((kept(adj, "sum").crow_indices(), kept(adj, "sum").col_indices(),
+                     kept(adj, "sum").values()),
                     (plain.crow_indices(), plain.col_indices(), plain.values())):
         assert torch.equal(a, b)
 
@@ -128,11 +127,11 @@ def test_unmarked_and_gradient_free_graphs_keep_nothing():
     adj, x = _adjacency(30, 30, 100), torch.randn(30, 4, requires_grad=True)
     for _ in range(2):
         spmm(adj, x).sum().backward()
-    assert not hasattr(adj, "_dist_transposed")  # not a plan's: torch's backward
+    assert kept(adj, "sum") is None  # not a plan's: torch's backward
     marked = keep_transpose(_adjacency(30, 30, 100))
     with torch.no_grad():
         spmm(marked, x)
-    assert not hasattr(marked, "_dist_transposed")
+    assert kept(marked, "sum") is None
 
 
 @pytest.mark.parametrize("conv", [SAGEConv(6, 6), GraphConv(6, 6, aggr="mean"),

@@ -11,6 +11,7 @@ import torch_geometric.nn.conv as pyg_conv
 import torch_geometric.nn.norm as pyg_norm
 
 import pyg_dist
+from pyg_dist.nn.state import state_of
 from pyg_dist.nn.support import refusal
 from tests.nn import zoo
 from tests.numeric import assert_fp32_close, assert_params_close
@@ -89,7 +90,7 @@ def test_a_refusal_names_every_module_and_why(graph, tmp_path):
     assert re.search(r"'gps' \(GPSConv\): its global attention", message)
     assert "'gps.attn' (MultiheadAttention)" in message
     assert "'sage.aggr_module' (LSTMAggregation)" in message
-    assert not hasattr(model["sage"], "_dist_ctx")  # nothing was converted
+    assert type(model["sage"]) is SAGEConv and state_of(model["sage"]) is None  # unconverted
 
 
 def test_a_norm_given_a_batch_vector_is_refused(graph, tmp_path):

@@ -110,15 +110,18 @@ def test_a_stale_cache_keeps_the_raw_rows(parts):
 def test_plain_layer_projects_first_and_matches_pyg():
     r"""Outside distribute() too (the neighbour loader's plain models)."""
     from pyg_dist.nn.conv import DistSAGEConv
+    from pyg_dist.nn.conv.sage_conv import project_first
     torch.manual_seed(0)
     x, edge_index = torch.randn(30, WIDE), torch.randint(0, 30, (2, 120))
     layer = SAGEConv(WIDE, NARROW)
     ours = SAGEConv(WIDE, NARROW)
     ours.load_state_dict(layer.state_dict())
-    ours.__class__ = DistSAGEConv
+    ours = project_first(ours)
+    assert type(ours) is DistSAGEConv
+    aggregated = []  # the width of the rows each propagate aggregates
+    for conv in (ours, wide := project_first(SAGEConv(WIDE, 2 * WIDE))):
+        conv.register_propagate_forward_pre_hook(
+            lambda module, inputs: aggregated.append(inputs[2]["x"][0].size(-1)))
     assert_fp32_close(ours(x, edge_index), layer(x, edge_index))
-    assert not ours._dist_exchanges_raw
-    wide = SAGEConv(WIDE, 2 * WIDE)
-    wide.__class__ = DistSAGEConv
     wide(x, edge_index)
-    assert wide._dist_exchanges_raw  # a wider output: aggregated as it is
+    assert aggregated == [NARROW, WIDE]  # projected; a wider output: aggregated as it is

@@ -247,7 +247,7 @@ def _cohesive_loader(root: str) -> None:
     init()
     data = pyg_dist.DistData.load(root, 0)
     net = distribute(build_model("GCN", data.num_features), data)
-    inputs = LoaderInputs(root, data, len(net.dist_context.layer_index), 0,
+    inputs = LoaderInputs(root, data, net.dist_context.num_layers, 0,
                           torch.device("cpu"), net.comm_stats, context=net.dist_context)
     build_loader("cohesive", inputs).close()
 

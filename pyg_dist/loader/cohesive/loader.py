@@ -266,7 +266,7 @@ class CohesiveBatchLoader(Loader):
     def from_inputs(cls, inputs: LoaderInputs) -> "CohesiveBatchLoader":
         root = inputs.root
         item = _read_batches(root)
-        loader = cls(inputs.data, item["batch_of"], len(inputs.context.layer_index),
+        loader = cls(inputs.data, item["batch_of"], inputs.context.num_layers,
                      seed=inputs.seed, stats=inputs.stats, sampler=inputs.make_sampler,
                      balanced_root=root if has_batch_parts(root) else None,
                      cost=_cost_of(item, root))

@@ -34,18 +34,17 @@ float rounding (tested).
 The step's exchange is collective: every rank's trainer runs its batch's
 first layer at the same step, as the gradient all-reduce already requires.
 """
-from typing import List, NamedTuple, Optional
+from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.parameter import UninitializedParameter
-from torch_geometric.nn import GraphConv, SAGEConv
 
 from pyg_dist.comm.halo import extend_rows
 from pyg_dist.comm.request import OwnerRequest
 from pyg_dist.comm.stats import CommStats
-from pyg_dist.nn.conv.sage_conv import LINEAR_AGGREGATIONS
+from pyg_dist.nn.spec import linear_parts
 from pyg_dist.nn.trim import trims
 from pyg_dist.utils import csr_tensor
 from pyg_dist.utils.aggregate import spmm
@@ -57,36 +56,16 @@ from pyg_dist.utils.gemm import linear
 WHOLE_PARTITION = 0.9
 
 
-class _Projections(NamedTuple):
-    aggregated: torch.nn.Linear  # W_agg, its bias added after the aggregation
-    root: Optional[torch.nn.Linear]  # W_root x_i, or None
-    normalize: bool
-
-
-def _projections(conv: torch.nn.Module) -> Optional[_Projections]:
-    r"""The linear maps of a first layer its owners can project, or
-    ``None`` (a non-linear aggregation, SAGE's ``project=True``, a layer
-    told to keep PyG's order)."""
-    if not getattr(conv, "project_first", True) or not isinstance(conv.aggr, str) \
-            or conv.aggr not in LINEAR_AGGREGATIONS:
-        return None
-    if isinstance(conv, SAGEConv) and not conv.project:
-        return _Projections(conv.lin_l, conv.lin_r if conv.root_weight else None,
-                            conv.normalize)
-    if isinstance(conv, GraphConv):
-        return _Projections(conv.lin_rel, conv.lin_root, False)
-    return None
-
-
 def projects_on_owners(model: Optional[torch.nn.Module], num_features: int) -> bool:
     r"""Whether the neighbour loader's batches for :obj:`model` (a PyG
     ``BasicGNN`` it trims per layer) leave the first layer's projection
-    to the rows' owners: the layer qualifies (:func:`_projections`) and its
+    to the rows' owners: the layer qualifies
+    (:func:`~pyg_dist.nn.spec.linear_parts`) and its
     projected rows, sent forward and their gradients back, are narrower
     than the :obj:`num_features` raw ones."""
     if model is None or not trims(model):
         return False
-    found = _projections(model.convs[0])
+    found = linear_parts(model.convs[0])
     if found is None:
         return False
     lins = [found.aggregated] + ([found.root] if found.root is not None else [])
@@ -156,7 +135,7 @@ class RowsPlan:
         return self
 
     def __call__(self, conv: torch.nn.Module, block: Tensor) -> Tensor:
-        maps = _projections(conv)
+        maps = linear_parts(conv)
         if maps is None or self.x is None:
             raise RuntimeError("this batch's first layer is projected by the rows' owners: "
                                "run a model pyg_dist.loader.neighbor.projects_on_owners "

@@ -5,6 +5,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch_geometric.nn import ChebConv
 
+from pyg_dist.nn.state import engine_of
+
 
 class DistChebConv(ChebConv):
     r"""Distributed :class:`torch_geometric.nn.ChebConv`.
@@ -25,7 +27,7 @@ class DistChebConv(ChebConv):
     def __norm__(self, edge_index: Tensor, num_nodes: Optional[int],
                  edge_weight: Optional[Tensor], normalization: Optional[str],
                  lambda_max=None, dtype=None, batch: Optional[Tensor] = None):
-        ctx = self._dist_ctx
+        ctx = engine_of(self).ctx  # the partition, its plan and group
         if edge_weight is not None or batch is not None:
             raise NotImplementedError("Distributed ChebConv: unweighted graphs without a "
                                       "`batch` vector only")
@@ -74,5 +76,5 @@ class DistChebConv(ChebConv):
         weight.masked_fill_(weight == float("inf"), 0)
         weight[src.numel():] -= 1
         edge_index = torch.stack([torch.cat([src, inner]), torch.cat([dst, inner])])
-        edge_index._dist_plan = ctx.plan  # already the plan's graph (see HaloContext)
+        ctx.normalised[edge_index] = ctx.plan  # already the plan's graph (see HaloContext)
         return edge_index, weight

@@ -4,32 +4,7 @@ from torch import Tensor
 from torch_geometric.nn import GATConv, GATv2Conv
 from torch_geometric.typing import Adj
 
-
-def _attend(layer, x: Tensor, edge_index: Adj, edge_attr: Optional[Tensor],
-            return_attention_weights):
-    r"""Runs the PyG attention layer bipartitely on ``(x_inner | x_halo,
-    x_inner)`` over the plan's ``edge_index``."""
-    ctx = layer._dist_ctx
-    ctx.enter(layer._dist_key)
-    local = ctx.is_local_graph(edge_index)
-    if edge_attr is not None and local:
-        edge_attr = ctx.plan.edges(edge_attr)
-    edge_index = ctx.adjacency(edge_index, fused=False)
-    if ctx.exchange.piecewise:
-        # Each rank transforms its own rows; every piece's sources travel
-        # transformed and its edges are scored by the deferred edge update.
-        if not local:  # (attention weights are refused by a pre-hook)
-            raise NotImplementedError(
-                f"Layer '{layer._dist_key}': exchange='sequential' attends over the "
-                f"partition's own graph")
-        layer._dist_plan_graph = True
-        try:
-            return super(type(layer), layer).forward(x, edge_index, edge_attr)
-        finally:
-            layer._dist_plan_graph = False
-    x_src = ctx.extend(layer._dist_key, x)
-    return super(type(layer), layer).forward(
-        (x_src, x), edge_index, edge_attr, return_attention_weights=return_attention_weights)
+from pyg_dist.nn.state import engine_of
 
 
 class DistGATConv(GATConv):
@@ -54,7 +29,10 @@ class DistGATConv(GATConv):
 
     def forward(self, x: Tensor, edge_index: Adj, edge_attr: Optional[Tensor] = None,
                 size=None, return_attention_weights=None):
-        return _attend(self, x, edge_index, edge_attr, return_attention_weights)
+        x, edge_index, edge_attr = engine_of(self).attention_inputs(self, x, edge_index,
+                                                                    edge_attr)
+        return super().forward(x, edge_index, edge_attr,
+                               return_attention_weights=return_attention_weights)
 
 
 class DistGATv2Conv(GATv2Conv):
@@ -67,4 +45,7 @@ class DistGATv2Conv(GATv2Conv):
 
     def forward(self, x: Tensor, edge_index: Adj, edge_attr: Optional[Tensor] = None,
                 return_attention_weights=None):
-        return _attend(self, x, edge_index, edge_attr, return_attention_weights)
+        x, edge_index, edge_attr = engine_of(self).attention_inputs(self, x, edge_index,
+                                                                    edge_attr)
+        return super().forward(x, edge_index, edge_attr,
+                               return_attention_weights=return_attention_weights)

@@ -10,6 +10,7 @@ from pyg_dist.comm import HaloPlan
 from pyg_dist.data import DistData
 from pyg_dist.utils.aggregate import keep_transpose, spmm
 from pyg_dist.utils import csr
+from pyg_dist.nn.state import engine_of
 
 
 class DistGCNConv(GCNConv):
@@ -42,19 +43,16 @@ class DistGCNConv(GCNConv):
 
     def forward(self, x: Tensor, edge_index: Adj,
                 edge_weight: Optional[Tensor] = None) -> Tensor:
-        ctx = self._dist_ctx
-        ctx.enter(self._dist_key)
-        precomputed = (getattr(self, "_dist_precompute", False) and edge_weight is None
-                       and ctx.is_input_features(x))
-        # Whether the rows aggregated are X (Θ applied after), not XΘ.
-        self._dist_exchanges_raw = precomputed or ctx.exchanges_raw(x)
-        if precomputed:
-            out = self.lin(ctx.precompute(self._dist_key,
-                                          lambda: self._aggregate(x, edge_index, None)))
-        elif self._dist_exchanges_raw:  # Â(XΘ) = (ÂX)Θ: exchange X, as the cache needs it
-            out = self.lin(self._aggregate(x, edge_index, edge_weight))
+        engine = engine_of(self)
+        # Whether the rows aggregated are X (Θ applied after), not XΘ:
+        # Â(XΘ) = (ÂX)Θ, so the layer exchanges X where its engine says the
+        # rows must travel as they are.
+        raw = not engine.may_project(self, x)
+        engine.exchanges(self, raw)
+        if raw:
+            out = self.lin(self.propagate(edge_index, x=x, edge_weight=edge_weight))
         else:
-            out = self._aggregate(self.lin(x), edge_index, edge_weight)
+            out = self.propagate(edge_index, x=self.lin(x), edge_weight=edge_weight)
         if self.bias is not None:
             out = out + self.bias
         return out
@@ -64,23 +62,21 @@ class DistGCNConv(GCNConv):
             return spmm(adj_t, x, reduce=self.aggr)
         return super().message_and_aggregate(adj_t, x)
 
-    def _aggregate(self, x: Tensor, edge_index: Adj,
-                   edge_weight: Optional[Tensor]) -> Tensor:
-        ctx = self._dist_ctx
-        if self.normalize:
-            # As PyG: on an edge_index without weights the self-loops get
-            # weight 1 whatever `improved` says; sparse inputs apply it.
-            improved = self.improved and (edge_weight is not None
-                                          or not isinstance(edge_index, Tensor)
-                                          or is_torch_sparse_tensor(edge_index))
-            edge_index, edge_weight = whole_graph_norm(ctx, edge_index, edge_weight, improved,
-                                                       self.add_self_loops, x.dtype)
-        else:
-            edge_index, edge_weight = ctx.weighted_adjacency(edge_index, edge_weight,
-                                                             self.aggr)
-        return ctx.aggregate(self._dist_key, x, edge_index, lambda adj, x_src, size:
-                             self.propagate(adj, x=x_src, edge_weight=edge_weight,
-                                            size=size))
+
+def gcn_graph(ctx, conv: GCNConv, edge_index: Adj, edge_weight: Optional[Tensor],
+              dtype: torch.dtype):
+    r"""``(adj, edge_weight)``: the graph :obj:`conv` aggregates over on the
+    context's current plan: normalised with the whole graph's degrees
+    (:func:`whole_graph_norm`) when ``conv.normalize``, else the plan's
+    edges with their sampling weights."""
+    if not conv.normalize:
+        return ctx.weighted_adjacency(edge_index, edge_weight, conv.aggr)
+    # As PyG: on an edge_index without weights the self-loops get weight 1
+    # whatever `improved` says; sparse inputs apply it.
+    improved = conv.improved and (edge_weight is not None
+                                  or not isinstance(edge_index, Tensor)
+                                  or is_torch_sparse_tensor(edge_index))
+    return whole_graph_norm(ctx, edge_index, edge_weight, improved, conv.add_self_loops, dtype)
 
 
 class GCNNorm(NamedTuple):

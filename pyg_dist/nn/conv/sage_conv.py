@@ -7,12 +7,13 @@ from torch.nn.parameter import UninitializedParameter
 from torch_geometric.nn import GraphConv, SAGEConv
 from torch_geometric.typing import Adj, OptPairTensor, OptTensor
 
+from pyg_dist.nn.convert import convert, exactly
+from pyg_dist.nn.state import engine_of
 from pyg_dist.utils.aggregate import spmm
 
 #: Aggregations that commute with a linear map: :math:`\mathrm{aggr}_j(W
 #: x_j) = W\,\mathrm{aggr}_j(x_j)`.
 LINEAR_AGGREGATIONS = ("mean", "sum", "add")
-
 
 def projects_first(layer, lin: torch.nn.Module, x_src: Tensor) -> bool:
     r"""Whether :obj:`layer` aggregates :obj:`lin`'s projection of its
@@ -21,13 +22,10 @@ def projects_first(layer, lin: torch.nn.Module, x_src: Tensor) -> bool:
     exchanged) over forward and backward: the projection's width
     :math:`d_{out}` when the rows already need a gradient, else
     :math:`2 d_{out}` (their gradient now travels back too), against the
-    rows' :math:`d_{in}`. Distributed, the rows exchanged are then the projected ones,
-    except where they must travel as they are: the input features under a
-    feature cache or precomputed, every layer under a stale cache (which
-    keeps features stale, never weights), under ``overlap="nodes"`` (the
-    per-node schedule computes PyG's order) and on whole-block exchanges
-    (CAGNET's blocks are the layer's input, as SANCUS's stale blocks are). A layer whose
-    ``project_first`` is ``False`` always computes PyG's order."""
+    rows' :math:`d_{in}`. Distributed, its engine must allow it
+    (:meth:`~pyg_dist.nn.engine.Engine.may_project`: not where the rows
+    must travel as they are). A layer whose ``project_first`` is ``False``
+    always computes PyG's order."""
     weight = lin.weight
     if not layer.project_first or isinstance(weight, UninitializedParameter) \
             or not isinstance(layer.aggr, str) or layer.aggr not in LINEAR_AGGREGATIONS:
@@ -35,14 +33,16 @@ def projects_first(layer, lin: torch.nn.Module, x_src: Tensor) -> bool:
     directions = 1 if x_src.requires_grad or not torch.is_grad_enabled() else 2
     if directions * weight.size(0) >= x_src.size(-1):
         return False
-    ctx = getattr(layer, "_dist_ctx", None)
-    if ctx is None:
-        return True
-    if ctx.overlap == "nodes" or ctx.exchange.whole_blocks:
-        return False
-    if getattr(layer, "_dist_precompute", False) and ctx.is_input_features(x_src):
-        return False
-    return not ctx.exchanges_raw(x_src)
+    engine = engine_of(layer)
+    return engine is None or engine.may_project(layer, x_src)
+
+
+def _tell_engine(layer, raw: bool) -> None:
+    r"""Tells a distributed layer's engine whether the rows it aggregates
+    are its input (``W`` applied after), which samplers read."""
+    engine = engine_of(layer)
+    if engine is not None:
+        engine.exchanges(layer, raw)
 
 
 def _pair(x: Union[Tensor, Tuple[Tensor, OptTensor]]) -> Tuple[Tensor, OptTensor]:
@@ -72,9 +72,9 @@ class DistSAGEConv(SAGEConv):
     def forward(self, x: Union[Tensor, Tuple[Tensor, OptTensor]], edge_index: Adj,
                 size: Optional[Tuple[int, int]] = None) -> Tensor:
         x_src, x_dst = _pair(x)
-        # Whether the rows aggregated are x (W_2 applied after), read by samplers.
-        self._dist_exchanges_raw = self.project or not projects_first(self, self.lin_l, x_src)
-        if self._dist_exchanges_raw:
+        raw = self.project or not projects_first(self, self.lin_l, x_src)
+        _tell_engine(self, raw)
+        if raw:
             return super().forward(x, edge_index, size)
         out = self.propagate(edge_index, x=(F.linear(x_src, self.lin_l.weight), x_dst),
                              size=size)
@@ -112,8 +112,9 @@ class DistGraphConv(GraphConv):
                 edge_weight: OptTensor = None,
                 size: Optional[Tuple[int, int]] = None) -> Tensor:
         x_src, x_dst = _pair(x)
-        self._dist_exchanges_raw = not projects_first(self, self.lin_rel, x_src)
-        if self._dist_exchanges_raw:
+        raw = not projects_first(self, self.lin_rel, x_src)
+        _tell_engine(self, raw)
+        if raw:
             return super().forward(x, edge_index, edge_weight, size)
         out = self.propagate(edge_index, x=(F.linear(x_src, self.lin_rel.weight), x_dst),
                              edge_weight=edge_weight, size=size)
@@ -134,11 +135,7 @@ def project_first(model: torch.nn.Module) -> torch.nn.Module:
     r"""Gives every :class:`~torch_geometric.nn.SAGEConv` and
     :class:`~torch_geometric.nn.GraphConv` of a plain PyG :obj:`model` (one
     trained undistributed, e.g. on the neighbour loader's batches) its
-    projecting class, in place: same parameters, ``state_dict`` and
-    results, less work where the output is narrower."""
-    for module in model.modules():
-        if type(module) is SAGEConv:
-            module.__class__ = DistSAGEConv
-        elif type(module) is GraphConv:
-            module.__class__ = DistGraphConv
-    return model
+    projecting class, in place (:func:`~pyg_dist.nn.convert.convert`):
+    same parameters, ``state_dict`` and results, less work where the
+    output is narrower."""
+    return convert(model, exactly({SAGEConv: DistSAGEConv, GraphConv: DistGraphConv}))
