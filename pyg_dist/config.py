@@ -14,7 +14,8 @@ from pyg_dist.cache import CACHES, FeatureCache, check_cache
 from pyg_dist.comm import DEFAULT_EXCHANGE, exchange_class
 from pyg_dist.comm.compress import get_codec
 from pyg_dist.loader import LOADERS, check_loader
-from pyg_dist.nn.engines import check_overlap
+from pyg_dist.nn.compat import refusals
+from pyg_dist.nn.engines import ENGINES, check_overlap, engine_name
 from pyg_dist.nn.dropout import fast_dropout
 from pyg_dist.nn.spec import LayerSpec, spec_of
 from pyg_dist.sampler import SAMPLERS, check_sampler
@@ -182,33 +183,27 @@ class TrainConfig:
         if self.feature_cache is not None:
             FeatureCache.check(self.feature_cache, self.feature_cache_capacity)
         check_loader(self.loader, self.loader_args, self)
-        self._check_exchange()
+        self._check_components()
 
     def _check_nodes(self) -> None:
         if not model_layer(self.model).node_schedule:
             raise ValueError(f"overlap='nodes' runs models {', '.join(nodes_models())} (model "
                              f"'{self.model}' aggregates per edge: use overlap=True)")
-        if CACHES.get(self.cache) is not None and CACHES[self.cache].stale:
-            raise ValueError(f"overlap='nodes' needs the exact cache (cache '{self.cache}' "
-                             f"serves stale rows)")
-        if self.feature_cache is not None or self.precompute_layer0:
-            raise ValueError("overlap='nodes' does not combine with a feature cache or "
-                             "precompute_layer0")
 
-
-    def _check_exchange(self) -> None:
-        r"""Refuses, naming them, the settings the exchange does not
-        compose with (it says which: :meth:`~pyg_dist.comm.exchange.Exchange.refusals`)."""
+    def _check_components(self) -> None:
+        r"""Refuses, naming them, the components that do not compose
+        (:func:`~pyg_dist.nn.compat.refusals` reads what each declares)."""
         exchange = exchange_class(self.exchange)
-        sampler = SAMPLERS[self.sampler]
-        refused = exchange.refusals(
-            minibatch=not LOADERS[self.loader].full_graph, sampled=sampler.samples,
-            observes=sampler.observes, cache=CACHES[self.cache],
-            feature_cache=self.feature_cache is not None, overlap=self.overlap)
+        refused = refusals(
+            exchange=exchange, engine=ENGINES[engine_name(exchange, self.overlap)],
+            sampler=SAMPLERS[self.sampler], cache=CACHES[self.cache],
+            feature_cache=self.feature_cache, loader=LOADERS[self.loader],
+            precompute=self.precompute_layer0, overlap=self.overlap,
+            exchange_dtype=self.exchange_dtype,
+            names={"exchange": self.exchange, "sampler": self.sampler, "cache": self.cache,
+                   "loader": self.loader})
         if refused:
-            values = ", ".join(f"{name}={getattr(self, name)!r}" for name in refused)
-            raise ValueError(f"exchange='{self.exchange}' {exchange.summary}: it does not "
-                             f"combine with {values} (use exchange='{DEFAULT_EXCHANGE}')")
+            raise ValueError(refused[0])
 
 
 # Fields added since the first runs were written, with the value those runs had.

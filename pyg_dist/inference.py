@@ -8,7 +8,6 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch_geometric.nn import MessagePassing
 from tqdm import tqdm
 
 from pyg_dist.data import DistData
@@ -16,6 +15,7 @@ from pyg_dist.distributed import device as default_device
 from pyg_dist.distributed import init, max_over_ranks
 from pyg_dist.integrity import CorruptFileError, load_checked, read_json, save_checked, save_json
 from pyg_dist.nn import distribute
+from pyg_dist.nn.spec import is_layer
 from pyg_dist.partition.book import read_meta
 
 MANIFEST = "predictions.json"
@@ -56,7 +56,7 @@ def predict(model: torch.nn.Module, root: str, out_dir: Optional[str] = None,
     data = DistData.load(root, rank).to(device)
     twin = distribute(copy.deepcopy(model).to(device), data)
     twin.eval()
-    layers = [m for m in twin.modules() if isinstance(m, MessagePassing)]
+    layers = [m for m in twin.modules() if is_layer(m)]
     bar = tqdm(total=len(layers), desc="predict", unit="layer",
                disable=not progress or rank != 0)
     hooks = [m.register_forward_hook(_advancing(bar)) for m in layers]

@@ -136,6 +136,9 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
         close()
     summary = summarize(history, config.to_dict(), world, loader.summary_keys)
     summary["malloc_thread_cache"] = thread_cache_on()  # this rank's (rank 0's in the file)
+    # how the layers aggregated with remote rows (docs/architecture.md); "pyg":
+    # the model ran as plain PyG on the loader's batches
+    summary["engine"] = model.dist_engine.name if hasattr(model, "dist_engine") else "pyg"
     if writer:
         writer.finish(summary, model, data.num_features, num_classes)
     return summary

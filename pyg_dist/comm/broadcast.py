@@ -165,6 +165,7 @@ class Broadcast(Exchange):
     reaches every other rank, and the gradients return to the owners as
     whole blocks (see the module). On the exact full-graph plan only; stale
     caches that refresh whole blocks (SANCUS's skip-broadcast) run on it."""
+    name = "broadcast"
     summary = ("moves every rank's whole block on the exact full-graph plan (CAGNET's 1-D "
                "algorithm)")
     sampled_plans = False

@@ -19,12 +19,11 @@ Implementations (registered in :data:`pyg_dist.comm.EXCHANGES`):
 * :class:`~pyg_dist.comm.sequential.Sequential` (``"sequential"``): SAR, one
   peer's rows at a time, aggregated piece by piece and never all held.
 
-Each declares, as class attributes, what it composes with;
-:meth:`Exchange.refusals` is the one place that reads them, for the run's
-config (before any work) and for :class:`~pyg_dist.nn.HaloContext`. A new
+Each declares, as class attributes, what it does (its capabilities);
+:func:`pyg_dist.nn.compat.refusals` is the one place that reads them. A new
 exchange is one file with a subclass and one line in the registry.
 """
-from typing import Any, Callable, ClassVar, List, Optional, Sequence, Tuple
+from typing import Callable, ClassVar, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -38,8 +37,7 @@ class Exchange:
     r"""How halo rows travel (see the module). One instance per
     :class:`~pyg_dist.nn.HaloContext`; every method takes the context, whose
     ``group``, ``codec`` and ``stats`` it uses."""
-    #: Its key in :data:`pyg_dist.comm.EXCHANGES` (set by
-    #: :func:`~pyg_dist.comm.get_exchange`).
+    #: Its key in :data:`pyg_dist.comm.EXCHANGES`.
     name: str = ""
     #: What it does, for refusals ("... moves every rank's whole block").
     summary: ClassVar[str] = ""
@@ -51,8 +49,6 @@ class Exchange:
     stale_caches: ClassVar[bool] = True
     #: Serves a feature cache of the input features' halo rows.
     feature_cache: ClassVar[bool] = True
-    #: The ``overlap`` modes it runs (``False``, ``True``/``"layers"``, ``"nodes"``).
-    overlap: ClassVar[Tuple[Any, ...]] = (False, )
     #: A layer holds its whole halo at once (samplers that learn from the
     #: exchanged rows observe it there).
     holds_halo: ClassVar[bool] = True
@@ -66,29 +62,6 @@ class Exchange:
     asynchronous: ClassVar[bool] = False
     #: The aggregations a layer may use on it (``None``: any).
     aggregations: ClassVar[Optional[Tuple[str, ...]]] = None
-
-    @classmethod
-    def refusals(cls, *, minibatch: bool = False, sampled: bool = False,
-                 observes: bool = False, cache: Any = None, feature_cache: bool = False,
-                 overlap: Any = False) -> List[str]:
-        r"""Which settings of a run it does not compose with, among
-        ``"loader"`` (:obj:`minibatch` plans), ``"sampler"`` (:obj:`sampled`
-        plans, a sampler that :obj:`observes` the rows), ``"cache"`` (a
-        :class:`~pyg_dist.cache.HaloCache` class), ``"feature_cache"`` and
-        ``"overlap"``; empty: all of them."""
-        refused = []
-        if minibatch and not cls.minibatch:
-            refused.append("loader")
-        if (sampled and not cls.sampled_plans) or (observes and not cls.holds_halo):
-            refused.append("sampler")
-        if cache is not None and ((cache.stale and not cls.stale_caches)
-                                  or (cls.whole_blocks and not cache.whole_blocks)):
-            refused.append("cache")
-        if feature_cache and not cls.feature_cache:
-            refused.append("feature_cache")
-        if not any(overlap is m or (isinstance(m, str) and overlap == m) for m in cls.overlap):
-            refused.append("overlap")
-        return refused
 
     def fetch(self, ctx, key: str, x: Tensor, plan: HaloPlan,
               codec: Optional[RowCodec]) -> Tensor:

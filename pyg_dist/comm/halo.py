@@ -146,9 +146,9 @@ class PointToPoint(Exchange):
     all-to-all per layer and direction), :attr:`asynchronous`ly on request:
     the overlapping engines (:mod:`pyg_dist.nn.engine`,
     :mod:`pyg_dist.nn.async_layers`) compute while the rows travel."""
+    name = "halo"
     summary = "sends each peer the rows it needs"
     asynchronous = True
-    overlap = (False, True, "layers", "nodes")
 
     def fetch(self, ctx, key: str, x: Tensor, plan: HaloPlan,
               codec: Optional[RowCodec]) -> Tensor:

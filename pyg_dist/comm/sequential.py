@@ -644,12 +644,12 @@ class Sequential(PointToPoint):
     plans (a halo sampler's too) under the exact cache; other fetches (a
     layer outside the piecewise path) are point to point. With ``overlap``
     the next peer's rows travel while the current piece aggregates."""
+    name = "sequential"
     summary = ("aggregates one peer's rows at a time on full-graph plans under the exact "
                "cache (SAR)")
     minibatch = False
     stale_caches = False
     feature_cache = False
-    overlap = (False, True, "layers")
     holds_halo = False
     piecewise = True
     asynchronous = True

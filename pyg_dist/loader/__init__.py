@@ -44,15 +44,13 @@ def loader_options(name: str) -> Tuple[Option, ...]:
 
 def check_loader(name: str, params: Dict[str, Any], config: Any) -> None:
     r"""Raises :class:`ValueError` for an unknown loader, a parameter it
-    does not take, an invalid value, or a run (:obj:`config`'s sampler,
-    caches, layer options, inductive) it does not compose with."""
+    does not take, an invalid value, or an inductive run it does not
+    serve (the components it composes with: :func:`pyg_dist.nn.compat.refusals`)."""
     cls = _loader_class(name)
     if config.inductive and not cls.inductive:
         raise ValueError(cls.refusal_inductive)
     refuse_unknown("Loader", name, params, [o.name for o in cls.options])
     cls.check(num_layers=config.num_layers, **params)
-    if not cls.composes_with(config):
-        raise ValueError(cls.refusal)
 
 
 def build_loader(name: str, inputs: LoaderInputs, **params: Any) -> Loader:

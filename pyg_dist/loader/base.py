@@ -38,9 +38,9 @@ class Loader:
     :class:`~pyg_dist.loader.TrainBatch` that every rank iterates in step.
 
     A subclass declares :attr:`options` (its hyper-parameters), validates
-    them in :meth:`check`, says in :meth:`composes_with` which samplers,
-    caches and layer options it runs with (:attr:`refusal` says why not),
-    and builds itself in :meth:`from_inputs`. Registering it in
+    them in :meth:`check`, declares which samplers, caches and layer options
+    it runs with (its capabilities, read by :func:`pyg_dist.nn.compat.refusals`;
+    :attr:`refusal` says why not), and builds itself in :meth:`from_inputs`. Registering it in
     :data:`pyg_dist.loader.LOADERS` makes it a ``--loader`` choice with its
     flags.
     """
@@ -52,6 +52,17 @@ class Loader:
     full_graph: bool = False
     #: Trains on the train nodes' subgraph when the run is inductive.
     inductive: bool = True
+    #: Capabilities: it runs with halo samplers' plans, with samplers that
+    #: learn from the exchanged rows, with stale caches, with the feature
+    #: caches named (``None``: any), with ``precompute_layer0``, with
+    #: ``overlap`` and with compressed exchanges.
+    sampled_plans: bool = True
+    observing_samplers: bool = True
+    stale_caches: bool = True
+    feature_caches: Optional[Tuple[str, ...]] = None
+    precompute: bool = True
+    overlap: bool = True
+    exchange_dtypes: bool = True
     options: Tuple[Option, ...] = ()
     refusal: str = ""  # why a run it does not compose with is refused
     refusal_inductive: str = ""
@@ -60,13 +71,6 @@ class Loader:
     def check(cls, num_layers: Optional[int] = None, **params: Any) -> None:
         r"""Raises :class:`ValueError` for invalid hyper-parameters (for a
         model of :obj:`num_layers` layers, when given)."""
-
-    @classmethod
-    def composes_with(cls, config: Any) -> bool:
-        r"""Whether a run's sampler, caches and layer options (attributes
-        of :obj:`config`, a :class:`~pyg_dist.config.TrainConfig`) run with
-        this loader."""
-        return True
 
     @classmethod
     def from_inputs(cls, inputs: LoaderInputs, **params: Any) -> "Loader":

@@ -320,6 +320,10 @@ class NodesEngine(OverlapEngine):
     name = "nodes"
     summary = ("every row of every layer is computed as soon as the rows it reads arrived "
                "(CM-GCN across layers)")
+    stale_caches = False  # their rows are exchanged on the cache's own schedule
+    feature_cache = False  # it exchanges every layer's rows itself
+    precompute = False
+    asynchronous_exchange = True
 
     def __init__(self, ctx, model: torch.nn.Module) -> None:
         super().__init__(ctx, model)
@@ -328,22 +332,12 @@ class NodesEngine(OverlapEngine):
     @classmethod
     def check(cls, model: torch.nn.Module, exchange, cache=None, feature_cache=None,
               precompute: bool = False) -> None:
-        r"""Refuses, before any work, what ``overlap="nodes"`` cannot run
-        exactly: a model :func:`refusal` refuses (:class:`NotImplementedError`),
-        a stale cache, a feature cache, ``precompute_layer0`` or an
-        exchange that does not move rows asynchronously (:class:`ValueError`)."""
+        r"""Refuses, before any work, a model ``overlap="nodes"`` cannot
+        schedule exactly (:func:`refusal`; :class:`NotImplementedError`)."""
         why = refusal(model)
         if why is not None:
             raise NotImplementedError(f"overlap='nodes' cannot schedule this model across "
                                       f"layers: {why}")
-        if cache is not None and cache.stale:
-            raise ValueError(f"overlap='nodes' needs the exact cache ({type(cache).__name__} "
-                             f"serves stale rows, exchanged on its own schedule)")
-        if feature_cache is not None or precompute:
-            raise ValueError("overlap='nodes' exchanges every layer's rows itself: it does not "
-                             "combine with a feature cache or precompute_layer0")
-        if not exchange.asynchronous or exchange.piecewise:
-            raise ValueError(f"overlap='nodes' runs on exchange='halo' (got '{exchange.name}')")
 
     def model_class(self, module: torch.nn.Module) -> Optional[type]:
         return scheduled_class(type(module)) if module is self.model else None

@@ -15,6 +15,7 @@ from pyg_dist.comm.plan import Plans
 from pyg_dist.comm.stats import CommStats
 from pyg_dist.data import DistData
 from pyg_dist.utils.aggregate import keep_transpose
+from pyg_dist.nn.compat import refusals
 from pyg_dist.nn.dropout import dropout
 
 Observer = Callable[[str, Tensor, HaloPlan], None]
@@ -43,15 +44,11 @@ class HaloContext:
                  exchange: Union[str, Exchange] = DEFAULT_EXCHANGE) -> None:
         self.exchange = get_exchange(exchange)
         self.cache = cache if cache is not None else ExactCache()
-        rules = type(self.exchange)
-        if rules.refusals(cache=type(self.cache)):
-            raise ValueError(f"{type(self.cache).__name__} does not run on "
-                             f"exchange='{self.exchange.name}'")
-        refused = rules.refusals(feature_cache=feature_cache is not None, overlap=overlap)
+        refused = refusals(exchange=type(self.exchange), cache=type(self.cache),
+                           feature_cache=True if feature_cache is not None else None,
+                           overlap=overlap, names={"exchange": self.exchange.name})
         if refused:
-            what = {"feature_cache": "a feature cache", "overlap": f"overlap={overlap!r}"}
-            raise ValueError(f"exchange='{self.exchange.name}' {self.exchange.summary}: it "
-                             f"does not combine with {' or '.join(what[r] for r in refused)}")
+            raise ValueError(refused[0])
         world = dist.get_world_size(group) if dist.is_initialized() else 1
         if world != data.num_parts:
             raise RuntimeError(

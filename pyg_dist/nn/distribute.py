@@ -18,6 +18,7 @@ from pyg_dist.comm import DEFAULT_EXCHANGE, Exchange, get_exchange
 from pyg_dist.comm.stats import CommStats
 from pyg_dist.data import DistData
 from pyg_dist.nn import gcn_norm
+from pyg_dist.nn.compat import refusals
 from pyg_dist.nn.context import HaloContext
 from pyg_dist.nn.convert import convert
 from pyg_dist.nn.dropout import Dropout
@@ -44,7 +45,14 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
     Every module is checked first (:mod:`pyg_dist.nn.support`): one that
     would not compute what single-process PyG computes raises
     :class:`NotImplementedError` naming its path and the reason, before
-    anything is converted.
+    anything is converted; settings that do not compose raise
+    :class:`ValueError` (:func:`pyg_dist.nn.compat.refusals`).
+
+    The model runs on one engine, chosen here from :obj:`exchange` and
+    :obj:`overlap` (:mod:`pyg_dist.nn.engines`; ``model.dist_engine``):
+    every layer's propagate is the engine's. The modules are converted in
+    one place (:func:`pyg_dist.nn.convert.convert`): each keeps its object,
+    parameters and hooks. Distributing a model again replaces its engine.
 
     The converted model takes this rank's inner rows and the partition's
     adjacency, ``model(data.x, data.edge_index)`` or
@@ -91,7 +99,7 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
         overlap: each layer aggregates its interior targets (no halo
             in-edge) while its halo rows travel and its border targets once
             they arrive (CM-GCN §III-C; exact, see
-            :meth:`~pyg_dist.nn.HaloContext.aggregate`). Applies to layers
+            :class:`~pyg_dist.nn.engine.OverlapEngine`). Applies to layers
             on the fused sparse path (e.g. SAGE, GCN, GIN, GraphConv) under
             the exact cache; others exchange first as usual. ``"layers"``
             is the same. ``"nodes"``: CM-GCN's asynchronous computation
@@ -120,7 +128,8 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
             Any :data:`~pyg_dist.comm.EXCHANGES` name, or an
             :class:`~pyg_dist.comm.exchange.Exchange`.
     """
-    layers = [(name, m) for name, m in model.named_modules() if is_layer(m)]
+    # keyed by their paths (a lone layer by its class): its exchanges are counted so
+    layers = [(name or type(m).__name__, m) for name, m in model.named_modules() if is_layer(m)]
     if not layers:
         raise ValueError(f"'{type(model).__name__}' contains no MessagePassing "
                          f"layer to distribute")
@@ -130,8 +139,15 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
     engine_class = select_engine(exchange, overlap)
     engine_class.check(model, exchange=exchange, cache=cache, feature_cache=feature_cache,
                        precompute=precompute_layer0)
+    refused = refusals(exchange=type(exchange), engine=engine_class,
+                       cache=None if cache is None else type(cache),
+                       feature_cache=True if feature_cache is not None else None,
+                       precompute=precompute_layer0, overlap=overlap,
+                       names={"exchange": exchange.name})
+    if refused:
+        raise ValueError(refused[0])
     for name, module in layers:
-        _check_edge_updates(name or type(module).__name__, module)
+        _check_edge_updates(name, module)
     if precompute_layer0:
         _check_precompute(*layers[0])
     gcn_norm.install()
@@ -144,7 +160,7 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
     engine = engine_class(ctx, model)
     convert(model, lambda module: _distributed_class(module, engine))
     for name, module in layers:
-        engine.attach(module, name or type(module).__name__, spec_of(module) or _USERS)
+        engine.attach(module, name, spec_of(module) or _USERS)
     if precompute_layer0:
         engine.layers[0].precompute = True
     for module in model.modules():

@@ -93,6 +93,13 @@ class Engine:
     name: ClassVar[str] = "gather"
     #: What it does, in a few words (docs, refusals).
     summary: ClassVar[str] = "each layer receives its whole halo, then aggregates"
+    #: Capabilities (:mod:`pyg_dist.nn.compat`): it serves stale caches, a
+    #: feature cache, ``precompute_layer0``; it posts raw transfers itself
+    #: (:meth:`~pyg_dist.comm.exchange.Exchange.start`).
+    stale_caches: ClassVar[bool] = True
+    feature_cache: ClassVar[bool] = True
+    precompute: ClassVar[bool] = True
+    asynchronous_exchange: ClassVar[bool] = False
 
     def __init__(self, ctx: HaloContext, model: torch.nn.Module) -> None:
         self.ctx = ctx

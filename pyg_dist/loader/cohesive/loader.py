@@ -205,6 +205,10 @@ class CohesiveBatchLoader(Loader):
     """
 
     inductive = False
+    observing_samplers = False  # the vr sampler learns per layer over the whole partition
+    stale_caches = False
+    feature_caches = ()
+    precompute = False
     refusal = ("loader 'cohesive' runs mini-batches with fresh halo rows: caches, the vr "
                "sampler (it learns per layer over the whole partition) and "
                "precompute_layer0 do not combine with it")
@@ -256,11 +260,6 @@ class CohesiveBatchLoader(Loader):
             return list(range(self.num_batches))
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         return torch.randperm(self.num_batches, generator=g).tolist()
-
-    @classmethod
-    def composes_with(cls, config) -> bool:
-        return (config.sampler != "vr" and config.cache == "exact"
-                and not config.feature_cache and not config.precompute_layer0)
 
     @classmethod
     def from_inputs(cls, inputs: LoaderInputs) -> "CohesiveBatchLoader":

@@ -109,6 +109,9 @@ class PartitionNeighborLoader(Loader):
                "batches are sampled ahead", flag="--fixed-depth", switch=False,
                run_control=True),
     )
+    sampled_plans = observing_samplers = stale_caches = False
+    feature_caches = ("degree", )
+    precompute = overlap = exchange_dtypes = False
     refusal = ("loader 'neighbor' samples whole neighbourhoods from the owners: halo "
                "samplers, caches, precompute_layer0, overlap and exchange_dtype do not "
                "apply; its feature cache is 'degree' (hot remote rows)")
@@ -161,13 +164,6 @@ class PartitionNeighborLoader(Loader):
             raise ValueError("adaptive=False (--fixed-depth) fixes how far the background "
                              "workers sample ahead, and workers=0 (--loader-workers 0) "
                              "starts none: choose one")
-
-    @classmethod
-    def composes_with(cls, config) -> bool:
-        return (config.sampler == "full" and config.cache == "exact"
-                and not (config.precompute_layer0 or config.overlap)
-                and config.exchange_dtype == "fp32"
-                and config.feature_cache in (None, "degree"))
 
     @classmethod
     def from_inputs(cls, inputs: LoaderInputs, fanout: List[int] = (15, 10, 5),
