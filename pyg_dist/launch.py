@@ -45,7 +45,7 @@ def run_prediction(root: str, model_dir: str, out: str, overwrite: bool = False,
     an interrupted prediction has none."""
     from pyg_dist.inference import predict
     from pyg_dist.preflight import check_prediction
-    from pyg_dist.train import load_model
+    from pyg_dist.run_files import load_model
     with handling_stop_signals():
         spec = check_prediction(root, model_dir, out, overwrite)
         model = load_model(model_dir)

@@ -238,7 +238,8 @@ def check_training(root: str, config, out_dir: Optional[str] = None,
     on the partitions in :obj:`root` into :obj:`out_dir` with :obj:`nproc`
     local ranks (see the module)."""
     from pyg_dist.loader.cohesive.loader import load_batches
-    from pyg_dist.train import claim_out_dir, require_labelled_training_nodes, train_graph_root
+    from pyg_dist.run_files import (claim_out_dir, require_labelled_training_nodes,
+                                    train_graph_root)
     problems = _Problems()
     meta = problems.check(read_meta, root)
     if meta is not None:
@@ -264,7 +265,7 @@ def check_training(root: str, config, out_dir: Optional[str] = None,
         if folder is not None and (config.checkpoint_dir or osp.exists(folder)):
             problems.add(writable_dir("--checkpoint-dir", folder))
     if config.checkpoint_every and not config.resume and meta is not None:
-        from pyg_dist.train import checkpointer
+        from pyg_dist.run_files import checkpointer
         problems.check(checkpointer, root, config, out_dir, 1)  # a folder to write to
     problems.check(claim_out_dir, out_dir, config)
     problems.raise_any()
@@ -275,7 +276,7 @@ def _check_resume(root: str, config, out_dir: Optional[str], world: int,
     r"""``latest.json`` matches this run (world size, graph, partitioning,
     hyper-parameters), the epochs go beyond it, and each rank's
     checkpoint file matches its sidecar."""
-    from pyg_dist.train import checkpointer
+    from pyg_dist.run_files import checkpointer
     checkpoints = problems.check(checkpointer, root, config, out_dir, world)
     latest = problems.check(checkpoints.latest) if checkpoints is not None else None
     if latest is None:
@@ -298,7 +299,7 @@ def check_prediction(root: str, model_dir: str, out_dir: Optional[str],
     and holding no earlier predictions unless :obj:`overwrite`). Returns
     ``model.json``."""
     from pyg_dist.inference import prediction_files
-    from pyg_dist.train import model_spec
+    from pyg_dist.run_files import model_spec
     problems = _Problems()
     meta = problems.check(read_meta, root)
     if meta is not None:

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from pyg_dist.datasets import synthetic_communities
+from pyg_dist.distributed import FORKSERVER_IGNORES_ENV
 
 #: The repository's root folder.
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -40,6 +41,11 @@ LONGEST_FIRST = ("notebooks/", "tests/test_benchmarks.py", "tests/run/test_failu
 
 
 def pytest_configure(config):
+    # pytest sets PYTEST_CURRENT_TEST anew for each test and no library reads
+    # it: its change need not make spawn() replace its forkserver (a new one
+    # imports torch and PyG again, seconds for every test that spawns ranks).
+    ignored = os.environ.get(FORKSERVER_IGNORES_ENV)
+    os.environ[FORKSERVER_IGNORES_ENV] = ",".join(filter(None, (ignored, "PYTEST_CURRENT_TEST")))
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # Workers share the cores: a worker's own tensor operations (the
         # single-process references) run on one thread, so none waits in an

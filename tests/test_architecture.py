@@ -19,7 +19,7 @@ LAYERS = [
     {"sampler", "cache"},
     {"nn"},
     {"loader"},
-    {"metrics", "config", "checkpoint", "inference", "plots"},
+    {"metrics", "config", "checkpoint", "inference", "plots", "run_files"},
     {"train", "launch", "preflight"},
     {"cli", "demo", "notebook"},
 ]
@@ -96,6 +96,14 @@ def test_no_import_circle():
     for node in graph:
         if node not in state:
             visit(node, [node])
+
+
+def test_the_preflight_needs_no_training_loop():
+    r"""The checks before any rank starts read a run's files through
+    run_files, not through the training loop (and all it imports)."""
+    graph = _graph()
+    assert "pyg_dist.train" not in graph["pyg_dist.preflight"]
+    assert "pyg_dist.run_files" in graph["pyg_dist.preflight"]
 
 
 def test_no_private_name_crosses_a_package():

@@ -16,6 +16,7 @@ import torch
 
 import pyg_dist
 from pyg_dist import distributed
+from pyg_dist.distributed import forkserver
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forkserver: Linux")
 
@@ -30,7 +31,7 @@ def _facts(_=None):
 @linux
 def test_ranks_fork_from_a_single_threaded_forkserver():
     facts = pyg_dist.spawn(_facts, 2)
-    server = distributed._forkserver
+    server = forkserver._forkserver
     assert server["owner"] == os.getpid() and server["fit"]
     assert [f["ppid"] for f in facts] == [server["pid"]] * 2
     # forks copy no other thread's locks; no GPU driver opened before the fork
@@ -68,10 +69,10 @@ def test_a_changed_environment_reaches_the_ranks(monkeypatch):
     forked from it runs (a rank of another spawn() under way, another
     user's process): then fresh interpreters."""
     pyg_dist.spawn(_facts, 1)
-    first = distributed._forkserver["pid"]
+    first = forkserver._forkserver["pid"]
     monkeypatch.setenv("PYG_DIST_TEST_START", "changed")
     facts = pyg_dist.spawn(_facts, 2)
-    second = distributed._forkserver["pid"]
+    second = forkserver._forkserver["pid"]
     assert second != first and not os.path.exists(f"/proc/{first}")
     assert [f["env"] for f in facts] == ["changed"] * 2
     assert [f["ppid"] for f in facts] == [second] * 2
@@ -82,10 +83,26 @@ def test_a_changed_environment_reaches_the_ranks(monkeypatch):
         facts = pyg_dist.spawn(_facts, 2)
         assert [f["ppid"] for f in facts] == [os.getpid()] * 2  # fresh interpreters
         assert [f["env"] for f in facts] == [None, None]
-        assert distributed._forkserver["pid"] == second and other.is_alive()
+        assert forkserver._forkserver["pid"] == second and other.is_alive()
     finally:
         other.kill()
         other.join()
+
+
+@linux
+def test_an_ignored_variable_keeps_the_forkserver_and_still_reaches_the_ranks(monkeypatch):
+    r"""A variable named in ``PYG_DIST_FORKSERVER_IGNORES`` (the suite names
+    pytest's ``PYTEST_CURRENT_TEST`` there) may change without a new
+    forkserver; the ranks still see its value of now."""
+    monkeypatch.setenv(distributed.FORKSERVER_IGNORES_ENV,
+                       "PYTEST_CURRENT_TEST,PYG_DIST_TEST_START")
+    pyg_dist.spawn(_facts, 1)
+    first = forkserver._forkserver["pid"]
+    monkeypatch.setenv("PYG_DIST_TEST_START", "changed")
+    facts = pyg_dist.spawn(_facts, 2)
+    assert forkserver._forkserver["pid"] == first
+    assert [f["ppid"] for f in facts] == [first] * 2
+    assert [f["env"] for f in facts] == ["changed"] * 2
 
 
 def test_start_method_spawn_is_a_fresh_interpreter_per_rank(monkeypatch):
@@ -103,9 +120,9 @@ def test_a_module_found_elsewhere_rules_the_forkserver_out():
     r"""A forkserver that imported a module from another file than this
     process would (another copy on this process' ``sys.path``) is not used."""
     mine = {name: sys.modules[name].__file__ for name in ("torch", "os")}
-    assert distributed._same_modules(mine)
-    assert not distributed._same_modules(dict(mine, torch="/elsewhere/torch/__init__.py"))
-    assert not distributed._same_modules({"no_such_module_anywhere": "/x/y.py"})
+    assert forkserver._same_modules(mine)
+    assert not forkserver._same_modules(dict(mine, torch="/elsewhere/torch/__init__.py"))
+    assert not forkserver._same_modules({"no_such_module_anywhere": "/x/y.py"})
 
 
 PRELOAD_TOUCHES_NO_GPU = textwrap.dedent("""
