@@ -179,7 +179,7 @@ class Schedule:
         self.layers, self.stages, self.send_position = layers, stages, send_position
         self.plans, self.keys, self.adjacency = plans, keys, adjacency
         self.num_layers = len(plans)
-        self.aggr: List[Optional[str]] = [None] * self.num_layers  # set by AsyncLayers
+        self.aggr: List[Optional[str]] = [None] * self.num_layers  # set by NodesEngine
         self._transposed: Dict[Tuple[int, int], Tuple[Tensor, Optional[Tensor]]] = {}
         # (l, s) -> whether stage s of layer l (l < K) holds rows exchange l+1 sends
         self.sends: Dict[Tuple[int, int], bool] = {}

@@ -5,6 +5,7 @@ import torch.distributed as dist
 from torch_geometric.nn import (MLP, GATConv, GATv2Conv, GCNConv, GINConv, GINEConv,
                                 GraphConv, SAGEConv, TransformerConv)
 
+import pyg_dist
 from pyg_dist.utils.aggregate import kept
 
 HIDDEN, OUT, EDGE_DIM = 8, 5, 3
@@ -251,3 +252,16 @@ def linear_forward_allocations(root: str):
     plan = model.dist_context.plan
     return (mode.nbytes.count(hidden.numel() * 4),
             part.num_inner in set(plan.recv_counts) | set(plan.send_counts))
+
+
+def precomputed_first_layer(root: str):
+    r"""Layers aggregated piece by piece in one training step of a
+    GraphSAGE with its first layer precomputed (the precomputation's pass
+    included), under the sequential exchange."""
+    from torch_geometric.nn import GraphSAGE
+    part = pyg_dist.DistData.load(root, dist.get_rank())
+    torch.manual_seed(0)
+    model = pyg_dist.nn.distribute(GraphSAGE(part.num_features, HIDDEN, 2, OUT), part,
+                                   exchange="sequential", precompute_layer0=True)
+    model(part.x, part.adj_t).sum().backward()
+    return model.comm_stats.counts["sequential_layers"], model.dist_engine.name

@@ -148,6 +148,16 @@ def test_refused_before_any_work(graph, tmp_path_factory):
     assert "exchange='sequential'" in out["feature_cache"][1]
 
 
+def test_a_precomputed_first_layer_stays_sequential(graph, tmp_path_factory):
+    r"""``precompute_layer0`` aggregates the first layer's features once, and
+    that aggregation too goes piece by piece (it never holds the layer's
+    whole halo)."""
+    root = _parts(graph, tmp_path_factory, 2)[0]
+    for layers, engine in pyg_dist.spawn(workers.precomputed_first_layer, 2, (root, ),
+                                         timeout=120):
+        assert (layers, engine) == (2, "sequential")
+
+
 def test_training_matches_pyg(graph, tmp_path):
     r"""``train()`` with ``--exchange sequential``: the trained parameters
     and the final loss equal single-process PyG's (GCN, so its whole-graph
