@@ -35,8 +35,9 @@ def plot_run(out_dir: str) -> List[str]:
         if points:
             acc_ax.plot(*zip(*points), label=mask)
     acc_ax.set(xlabel="epoch", ylabel="accuracy (micro-F1 if multi-label)",
-               title="Accuracy")
-    acc_ax.legend()
+               title="Accuracy" if acc_ax.lines else "Accuracy (not evaluated)")
+    if acc_ax.lines:  # a run with --eval-every 0 has none
+        acc_ax.legend()
     paths.append(_save(fig, out_dir, "curves.png"))
 
     fig, ax = plt.subplots(figsize=(8, 3.6))
