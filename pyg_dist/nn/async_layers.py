@@ -330,8 +330,7 @@ class NodesEngine(OverlapEngine):
         self.trace: Optional[List[Tuple]] = None
 
     @classmethod
-    def check(cls, model: torch.nn.Module, exchange, cache=None, feature_cache=None,
-              precompute: bool = False) -> None:
+    def check(cls, model: torch.nn.Module, exchange) -> None:
         r"""Refuses, before any work, a model ``overlap="nodes"`` cannot
         schedule exactly (:func:`refusal`; :class:`NotImplementedError`)."""
         why = refusal(model)

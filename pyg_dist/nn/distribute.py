@@ -137,8 +137,7 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
     check_model(model, getattr(data, "num_global_nodes", None), data.num_features)
     exchange = get_exchange(exchange)
     engine_class = select_engine(exchange, overlap)
-    engine_class.check(model, exchange=exchange, cache=cache, feature_cache=feature_cache,
-                       precompute=precompute_layer0)
+    engine_class.check(model, exchange)
     refused = refusals(exchange=type(exchange), engine=engine_class,
                        cache=None if cache is None else type(cache),
                        feature_cache=True if feature_cache is not None else None,

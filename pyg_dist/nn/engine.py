@@ -109,11 +109,10 @@ class Engine:
 
     # ---- set-up --------------------------------------------------------------
     @classmethod
-    def check(cls, model: torch.nn.Module, exchange, cache=None, feature_cache=None,
-              precompute: bool = False) -> None:
-        r"""Raises, before any work, for what this engine cannot run
-        exactly (:obj:`model`'s layers, a cache, a feature cache,
-        ``precompute_layer0``); by default nothing."""
+    def check(cls, model: torch.nn.Module, exchange) -> None:
+        r"""Raises, before any work, for a :obj:`model` this engine cannot
+        run exactly on :obj:`exchange` (what composes with what is
+        :func:`pyg_dist.nn.compat.refusals`); by default nothing."""
 
     def model_class(self, module: torch.nn.Module) -> Optional[type]:
         r"""The class :obj:`module` (not a layer) takes under this engine

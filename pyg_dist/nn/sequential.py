@@ -137,8 +137,7 @@ class SequentialEngine(Engine):
     summary = "each layer aggregates one peer's rows at a time (SAR)"
 
     @classmethod
-    def check(cls, model: torch.nn.Module, exchange, cache=None, feature_cache=None,
-              precompute: bool = False) -> None:
+    def check(cls, model: torch.nn.Module, exchange) -> None:
         check_model(model, exchange)
 
     def attach(self, module: torch.nn.Module, key: str, spec) -> LayerState:
