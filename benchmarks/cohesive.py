@@ -477,9 +477,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--link", "--links", dest="links", nargs="+",
                         default=["loopback", "1gbit,0.1ms"])
-    parser.add_argument("--pyg-python", default="/work/bench-env/bin/python",
-                        help="a Python with torch-sparse for the PyG loaders "
-                             "(skipped when missing)")
+    parser.add_argument("--pyg-python", default=pyg_baselines.PYG_PYTHON,
+                        help="a Python with torch-sparse for the PyG loaders (default "
+                             "$PYG_ENV/bin/python, .bench/pyg-env; skipped when missing)")
     parser.add_argument("--workdir", default="runs/bench_cohesive")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", default=RESULTS)

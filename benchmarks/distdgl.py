@@ -105,6 +105,9 @@ HERE = osp.dirname(osp.abspath(__file__))
 REPO = osp.dirname(HERE)
 SCRIPT = osp.abspath(__file__)
 RESULTS_DIR = osp.join(HERE, "results")
+# `make bench-dgl-env`'s venv: an ignored folder of the repository, so that every clone
+# builds and finds its own.
+DGL_ENV = osp.join(REPO, ".bench", "dgl-env")
 GRAPH_NAME = "reddit_shaped"
 NS_PREFIX = "dgb"           # namespaces dgb-sw (the bridge) and dgb-m0, dgb-m1, ...
 SUBNET = "10.77.0"          # machine m is SUBNET.(m + 1)
@@ -1240,8 +1243,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--system-eval", action="store_true",
                         help="also let pyg_dist evaluate itself after the last epoch "
                              "(recorded as system_test_acc)")
-    parser.add_argument("--dgl-env", default=os.environ.get("DGL_ENV", "/work/dgl-env"),
-                        help="the venv of `make bench-dgl-env`")
+    parser.add_argument("--dgl-env", default=os.environ.get("DGL_ENV") or DGL_ENV,
+                        help="the venv of `make bench-dgl-env` (default $DGL_ENV, else "
+                             ".bench/dgl-env in the repository)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per run")
     parser.add_argument("--workdir", help="default runs/distdgl[_quick]")
     parser.add_argument("--out", help="default benchmarks/results/distdgl[_Nparts|_quick].json")
