@@ -49,7 +49,7 @@ Usage::
 
     python benchmarks/cohesive.py                                  # the full run
     python benchmarks/cohesive.py --num-nodes 20000 --costs 5 10 --epochs 3 \
-        --link loopback --out /tmp/cohesive.json                   # a quick one
+        --link loopback --out runs/cohesive.json                   # a quick one
     python benchmarks/cohesive.py --sections cost timing \
         --out benchmarks/results/cohesive_cost.json                # the cost model
 """

@@ -31,7 +31,7 @@ run has no live figure: its ratio is over the ``default`` run's live peak of
 the same round (the training is the same). Prints a table and writes
 ``results/memory.json``.
 
-    PYTHONPATH=. python benchmarks/memory.py --before /tmp/before --reps 3
+    PYTHONPATH=. python benchmarks/memory.py --before ../before --reps 3
 """
 import argparse
 import json

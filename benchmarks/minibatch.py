@@ -28,7 +28,7 @@ Usage::
 
     python benchmarks/minibatch.py                                   # the full run
     python benchmarks/minibatch.py --num-nodes 20000 --parts 2 --epochs 3 \
-        --link loopback --out /tmp/minibatch.json                    # a quick one
+        --link loopback --out runs/minibatch.json                    # a quick one
 """
 import argparse
 import json

@@ -37,7 +37,7 @@ Usage::
         "psc t=2 +fc" "psc t=2 +fc degree" "psc t=2 +fc random" \
         --out benchmarks/results/staleness_feature_cache.json
     python benchmarks/staleness.py --link loopback --seeds 1 --epochs 5 \
-        --methods exact pipegcn --out /tmp/staleness.json
+        --methods exact pipegcn --out runs/staleness.json
 """
 import argparse
 import json
