@@ -10,7 +10,7 @@ PYG_ENV ?= $(CURDIR)/.bench/pyg-env
 DGL_ENV ?= $(CURDIR)/.bench/dgl-env
 export PYG_ENV DGL_ENV
 
-.PHONY: install demo test bench bench-suite bench-quick bench-env clean
+.PHONY: install demo test bench bench-full bench-suite bench-quick bench-env clean
 
 $(BIN)/pyg-dist: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,14 @@ demo: install
 test: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 3 --dist worksteal
 
+# The headline table of BENCHMARKS.md from this tree: the quick form of every claim's
+# benchmark (~10-15 min on 2 cores), benchmarks/results/headline.json. `bench-full`: the
+# long forms (hours). Rows whose peer is missing say which target builds it.
 bench: install
-	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/headline.py
+
+bench-full: install
+	$(BIN)/python benchmarks/headline.py --full
 
 # Every method side by side (BENCHMARKS.md); the PyG loaders need `make bench-env`.
 bench-suite: install

@@ -43,7 +43,7 @@ and ``timing`` (4) run (default: all).
 
 Times are means over the epochs after the first (max over ranks). Results
 go to ``benchmarks/results/cohesive.json`` (``--out``), saved after every
-run; the issue's targets are checked at the end.
+run; the targets are checked at the end.
 
 Usage::
 
