@@ -52,7 +52,7 @@ ROWS: Dict[str, Dict[str, Any]] = {
         "claim": "Full-graph epoch and accuracy against single-process PyG",
         "section": "full-graph-training-against-single-process-pyg",
         "json": "overhead_1part.json",
-        "quick": "benchmarks/overhead.py --parts 1 --reps 3 --epochs 3 --num-nodes 20000 "
+        "quick": "benchmarks/overhead.py --parts 1 --reps 5 --epochs 4 --num-nodes 20000 "
                  "--workdir {work} --output {out}",
         "full": "benchmarks/overhead.py --parts 1 --workdir {work} --output {out}",
     },
@@ -189,8 +189,10 @@ def pct(x: float) -> str:
 def fullgraph(d: Dict[str, Any]) -> Dict[str, Any]:
     ratio = d["ratio"]
     reps = d["repetitions"]
+    nodes = d["machine"].get("num_nodes") or 0
     return {"measured": f"pyg_dist on 1 partition: **{ratio['median']:.2f}x** PyG's epoch "
-                        f"(median of {ratio['n']} alternated pairs, "
+                        f"(default graph, {nodes:,} nodes; median of {ratio['n']} "
+                        f"alternated pairs, "
                         f"{ratio['min']:.2f}-{ratio['max']:.2f}x); test accuracy "
                         f"{pct(statistics.median(r['pyg_dist_test_acc'] for r in reps))}",
             "peer": f"PyG, 1 process, CSR `adj_t`: "
@@ -216,8 +218,10 @@ def methods(d: Dict[str, Any]) -> Dict[str, Any]:
         cells.append(f"{label} {speed:.2f}x, {data:.2f}x bytes, {acc:+.1f} pp")
         numbers[name] = {"epochs_per_s_x_exact": speed, "bytes_x_exact": data,
                          "test_acc_pp_vs_exact": acc}
+    a = d["args"]
     return {"measured": "; ".join(cells) + " (epochs/s, halo bytes and test accuracy "
-                        "against exact; loopback)",
+                        f"against exact; default graph, {a['num_nodes']:,} nodes, "
+                        f"{a['parts']} ranks, {a['epochs']} epochs, loopback)",
             "peer": f"exact: {exact['epochs_per_s']:.1f} epochs/s, "
                     f"{exact['bytes_sent'] / MiB:.2f} MiB/epoch, test accuracy "
                     f"{pct(exact['test_acc'])}",
@@ -233,9 +237,10 @@ def sar(d: Dict[str, Any]) -> Dict[str, Any]:
         mem = seq[k]["above_baseline_max"] / MiB
         cells.append(f"{k}: {mem:.0f}" + (f" ({halo[k]['above_baseline_max'] / MiB:.0f})"
                                            if k > 1 and k in halo else ""))
-    graph = rows[0]["graph"]
+    graph, a = rows[0]["graph"], d["args"]
     return {"measured": "MiB per rank above baseline, sequential (materialising) at "
-                        + ", ".join(cells) + f" ranks; `{graph}`",
+                        + ", ".join(cells) + f" ranks (`{graph}`, {a['reddit_nodes']:,} "
+                        f"nodes, hidden {a['hidden']})",
             "peer": "single process: the 1-rank figure; the ideal falls as 1/ranks",
             "numbers": {str(k): {"sequential_mib": seq[k]["above_baseline_max"] / MiB,
                                  "halo_mib": halo[k]["above_baseline_max"] / MiB
@@ -248,8 +253,10 @@ def neighbor(d: Dict[str, Any]) -> Dict[str, Any]:
     runs = res["runs"]
     best = max(runs, key=lambda r: r["seeds_per_s"])
     pyg = res.get("pyg_neighbor_loader") or {"error": "not run"}
+    a = d["args"]
     measured = (f"pyg_dist, {best['parts']} ranks ({best['sampling']}): "
-                f"{best['seeds_per_s']:,.0f} seeds/s, test accuracy {pct(best['test_acc'])}")
+                f"{best['seeds_per_s']:,.0f} seeds/s, test accuracy {pct(best['test_acc'])} "
+                f"(default graph, {a['num_nodes']:,} nodes, {a['epochs']} epochs)")
     if "error" in pyg:
         peer = ("PyG's NeighborLoader needs torch-sparse or pyg-lib: `make bench-env`, "
                 "then `make bench` again")
@@ -268,7 +275,9 @@ def distdgl(d: Dict[str, Any]) -> Dict[str, Any]:
     return {"measured": f"pyg_dist: {pyg['seeds_per_s_median']:,.0f} seeds/s, test accuracy "
                         f"{pct(pyg['test_acc_mean'])}, peak RSS/trainer "
                         f"{pyg['peak_rss_per_trainer_mib_max']:,.0f} MiB; "
-                        f"**{s['pyg_over_dgl_seeds_per_s']:.2f}x** DistDGL's seeds/s",
+                        f"**{s['pyg_over_dgl_seeds_per_s']:.2f}x** DistDGL's seeds/s "
+                        f"(`reddit_shaped`, {d['args']['num_nodes']:,} nodes, "
+                        f"{d['args']['epochs']} epochs)",
             "peer": f"DistDGL 2.1 ({s['dgl_best']}): {dgl['seeds_per_s_median']:,.0f} seeds/s, "
                     f"test accuracy {pct(dgl['test_acc_mean'])}, peak RSS/trainer "
                     f"{dgl['peak_rss_per_trainer_mib_max']:,.0f} MiB",
@@ -346,7 +355,9 @@ def render(head: Dict[str, Any]) -> str:
              f"{head['minutes']:.0f} min) wrote it and `benchmarks/results/headline.json`"
              + (f"; 1-minute load average {min(loads):.1f}-{max(loads):.1f} during the runs"
                 + (" (other work shared the cores: times are noisy)" if max(loads) > 1.0
-                   else "") if loads else "") + ".",
+                   else "") if loads else "") + ". The quick forms train a few epochs on "
+             "small graphs, so their accuracies are not converged; each row's section has "
+             "its full run.",
              "",
              "| claim | pyg_dist | peer or reference | reproduce | details |",
              "|---|---|---|---|---|"]
