@@ -17,7 +17,7 @@ says which ``make`` target builds it.
 
 Usage::
 
-    python benchmarks/headline.py              # the quick forms, ~10 min on 2 cores
+    python benchmarks/headline.py              # the quick forms, ~12 min on 2 cores
     python benchmarks/headline.py --full       # the long forms (hours)
     python benchmarks/headline.py --rows sar oocore   # some rows; the others kept
     python benchmarks/headline.py --render     # the table again from headline.json
