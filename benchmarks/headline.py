@@ -293,7 +293,7 @@ def oocore(d: Dict[str, Any]) -> Dict[str, Any]:
                         f"{p['peak_rss_gib']:.2f} GiB ({p['ns_per_edge']:,.0f} ns/edge, "
                         f"cut {pct(p['edge_cut_ratio'])})",
             "peer": (f"writing the graph: {g['seconds']:.1f} s, peak {g['peak_rss_gib']:.2f} GiB"
-                     if g else "-"),
+                     if g else "the graph on disk: written by an earlier run, reused"),
             "numbers": {k: p[k] for k in ("num_nodes", "num_edges", "seconds", "peak_rss_gib",
                                           "ns_per_edge", "edge_cut_ratio")}}
 
@@ -348,11 +348,13 @@ def render(head: Dict[str, Any]) -> str:
     m = head["machine"]
     loads = [v for r in head["rows"].values() for v in (r.get("load_before"), r.get("load_after"))
              if v is not None]
+    # the rows' own times: a run of some rows keeps the others' (--rows)
+    minutes = sum(r.get("seconds", 0) for r in head["rows"].values()) / 60
     lines = [BEGIN,
              f"Measured {m['date']} at commit `{m['commit']}` on {m['cpu']}, {m['cores']} "
              f"cores, {m['memory_gib']} GiB; Python {m['python']}, torch {m['torch']}, "
              f"PyG {m['torch_geometric']}. `make bench` ({head['form']} forms, "
-             f"{head['minutes']:.0f} min) wrote it and `benchmarks/results/headline.json`"
+             f"{minutes:.0f} min) wrote it and `benchmarks/results/headline.json`"
              + (f"; 1-minute load average {min(loads):.1f}-{max(loads):.1f} during the runs"
                 + (" (other work shared the cores: times are noisy)" if max(loads) > 1.0
                    else "") if loads else "") + ". The quick forms train a few epochs on "
