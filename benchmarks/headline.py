@@ -30,6 +30,7 @@ import os.path as osp
 import platform
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -155,6 +156,8 @@ def run(key: str, full: bool, timeout: float) -> Dict[str, Any]:
     out = osp.join(REPO, WORK, key + ".json")
     if osp.exists(out):
         os.remove(out)
+    # every run starts as on a clean clone: no graph or partition of an earlier run reused
+    shutil.rmtree(osp.join(REPO, WORK, key), ignore_errors=True)
     argv = shlex.split(command(key, full))
     argv[0] = sys.executable
     log = osp.join(REPO, WORK, key + ".log")
@@ -295,7 +298,7 @@ def oocore(d: Dict[str, Any]) -> Dict[str, Any]:
                         f"{p['peak_rss_gib']:.2f} GiB ({p['ns_per_edge']:,.0f} ns/edge, "
                         f"cut {pct(p['edge_cut_ratio'])})",
             "peer": (f"writing the graph: {g['seconds']:.1f} s, peak {g['peak_rss_gib']:.2f} GiB"
-                     if g else "the graph on disk: written by an earlier run, reused"),
+                     if g else "-"),
             "numbers": {k: p[k] for k in ("num_nodes", "num_edges", "seconds", "peak_rss_gib",
                                           "ns_per_edge", "edge_cut_ratio")}}
 
