@@ -4,8 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 # The CPU build of torch (a CUDA build: see README, "GPU").
 TORCH ?= torch==2.13.0
+# The benchmarks' peers (`make bench-env`, `make bench-dgl-env`): venvs in folders of the
+# repository that git ignores, unless set (`make bench-dgl DGL_ENV=/elsewhere`).
+PYG_ENV ?= $(CURDIR)/.bench/pyg-env
+DGL_ENV ?= $(CURDIR)/.bench/dgl-env
+export PYG_ENV DGL_ENV
 
-.PHONY: install demo test bench bench-suite bench-quick bench-env clean
+.PHONY: install demo test bench bench-full bench-suite bench-quick bench-env clean
 
 $(BIN)/pyg-dist: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +28,14 @@ demo: install
 test: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 3 --dist worksteal
 
+# The headline table of BENCHMARKS.md from this tree: the quick form of every claim's
+# benchmark (~10-15 min on 2 cores), benchmarks/results/headline.json. `bench-full`: the
+# long forms (hours). Rows whose peer is missing say which target builds it.
 bench: install
-	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/headline.py
+
+bench-full: install
+	$(BIN)/python benchmarks/headline.py --full
 
 # Every method side by side (BENCHMARKS.md); the PyG loaders need `make bench-env`.
 bench-suite: install
@@ -35,16 +46,15 @@ bench-quick: install
 
 # torch-scatter/torch-sparse built from source for the PyG baselines (~30 min, once).
 bench-env:
-	bash benchmarks/bench_env.sh
+	PYG_ENV=$(PYG_ENV) bash benchmarks/bench_env.sh
 
 clean:
 	rm -rf $(VENV) runs *.egg-info
 
-# DistDGL side by side (issue 34): a separate venv (dgl 2.1.0, torch 2.2.1, numpy<2; from
-# PyPI, ~5 GB: PyPI's torch 2.2.1 is a CUDA build) outside the repository, then the benchmark
-# (as root: network and mount namespaces). `bench-dgl-quick`: a small graph, 2 epochs.
+# DistDGL side by side: a separate venv (dgl 2.1.0, torch 2.2.1, numpy<2; from PyPI, ~5 GB:
+# PyPI's torch 2.2.1 is a CUDA build) in DGL_ENV, then the benchmark (as root: network and
+# mount namespaces). `bench-dgl-quick`: a small graph, 2 epochs.
 .PHONY: bench-dgl-env bench-dgl bench-dgl-quick
-DGL_ENV ?= /work/dgl-env
 
 bench-dgl-env:
 	DGL_ENV=$(DGL_ENV) bash benchmarks/distdgl_env.sh

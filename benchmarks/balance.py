@@ -29,7 +29,7 @@ import time
 from typing import Any, Dict, List
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from common import RESULTS_DIR, machine  # noqa: E402
+from common import RESULTS_DIR, machine, portable  # noqa: E402
 from out_of_core import measured  # noqa: E402
 
 CLI = [sys.executable, "-m", "pyg_dist.cli"]
@@ -120,7 +120,7 @@ def main() -> None:
     rows += [row for k in parts for row in in_memory(args.in_memory_scale, k)]
     os.makedirs(osp.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"machine": machine(), "rows": rows}, f, indent=1)
+        json.dump(portable({"machine": machine(), "rows": rows}), f, indent=1)
     print(f"wrote {args.out}")
 
 

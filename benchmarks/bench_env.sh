@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Builds the benchmark environment for the PyG baselines (ClusterLoader, NeighborLoader)
-# from scratch, in $ENV (default /work/bench-env; `make bench-env`):
+# from scratch, in $PYG_ENV (default .bench/pyg-env in the repository, ignored by git;
+# `make bench-env`), the sources unpacked in $SRC (default .bench/pyg-src):
 # torch 2.13.0 (CPU) + torch_geometric + torch_scatter + torch_sparse (with METIS).
 # Nothing is installed into the test venv (.venv); pyg_dist is installed editable.
 # Compiles run under `nice -n 19` with MAX_JOBS=1 (2-core machine, shared).
 set -euo pipefail
 
-ENV=${ENV:-/work/bench-env}
-SRC=${SRC:-/tmp/pygsrc}
 MAIN=${MAIN:-$(cd "$(dirname "$0")/.." && pwd)}
+ENV=${PYG_ENV:-$MAIN/.bench/pyg-env}
+SRC=${SRC:-$MAIN/.bench/pyg-src}
 PIP="$ENV/bin/pip"
 
 # 0. System METIS (Debian libmetis-dev 5.1.0: 32-bit idx_t) for torch_sparse WITH_METIS=1
@@ -137,4 +138,4 @@ loader = NeighborLoader(data, num_neighbors=[5, 5], batch_size=128, shuffle=True
 nb = sum(1 for _ in loader)
 print(f"NeighborLoader batches={nb} ({time.time()-t:.2f}s)")
 PY
-cd /tmp && "$ENV/bin/python" "$ENV/verify_bench_env.py"
+cd "$SRC" && "$ENV/bin/python" "$ENV/verify_bench_env.py"

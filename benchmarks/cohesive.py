@@ -43,13 +43,13 @@ and ``timing`` (4) run (default: all).
 
 Times are means over the epochs after the first (max over ranks). Results
 go to ``benchmarks/results/cohesive.json`` (``--out``), saved after every
-run; the issue's targets are checked at the end.
+run; the targets are checked at the end.
 
 Usage::
 
     python benchmarks/cohesive.py                                  # the full run
     python benchmarks/cohesive.py --num-nodes 20000 --costs 5 10 --epochs 3 \
-        --link loopback --out /tmp/cohesive.json                   # a quick one
+        --link loopback --out runs/cohesive.json                   # a quick one
     python benchmarks/cohesive.py --sections cost timing \
         --out benchmarks/results/cohesive_cost.json                # the cost model
 """
@@ -477,9 +477,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--link", "--links", dest="links", nargs="+",
                         default=["loopback", "1gbit,0.1ms"])
-    parser.add_argument("--pyg-python", default="/work/bench-env/bin/python",
-                        help="a Python with torch-sparse for the PyG loaders "
-                             "(skipped when missing)")
+    parser.add_argument("--pyg-python", default=pyg_baselines.PYG_PYTHON,
+                        help="a Python with torch-sparse for the PyG loaders (default "
+                             "$PYG_ENV/bin/python, .bench/pyg-env; skipped when missing)")
     parser.add_argument("--workdir", default="runs/bench_cohesive")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", default=RESULTS)

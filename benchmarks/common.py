@@ -19,6 +19,7 @@ import pyg_dist
 
 MiB = 2**20
 RESULTS_DIR = osp.join(osp.dirname(osp.abspath(__file__)), "results")
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
 def machine() -> Dict[str, Any]:
@@ -40,10 +41,24 @@ def save(args, results: List[Dict[str, Any]], started: float,
     nothing)."""
     os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"date": datetime.datetime.now().isoformat(timespec="seconds"),
-                   "machine": machine(), "args": vars(args),
-                   "minutes": (time.time() - started) / 60, "targets": list(target_lines),
-                   "results": results, **extra}, f, indent=1)
+        json.dump(portable({"date": datetime.datetime.now().isoformat(timespec="seconds"),
+                            "machine": machine(), "args": vars(args),
+                            "minutes": (time.time() - started) / 60,
+                            "targets": list(target_lines), "results": results, **extra}),
+                  f, indent=1)
+
+
+def portable(value: Any) -> Any:
+    r""":obj:`value` with the repository's absolute path cut from every string
+    (paths relative to it), so that a results file names no folder of the
+    machine that wrote it."""
+    if isinstance(value, str):
+        return value.replace(REPO + os.sep, "").replace(REPO, ".")
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(v) for v in value]
+    return value
 
 
 def apply_preset(args, quick: Dict[str, Any], full: Dict[str, Any], name: str) -> None:

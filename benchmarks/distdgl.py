@@ -1,5 +1,5 @@
 r"""DistDGL 2.1 and pyg_dist side by side on the same graph, partitions, model,
-fan-outs, batch size and initial weights (issue 34).
+fan-outs, batch size and initial weights.
 
 The workload (the defaults): the ``reddit_shaped`` graph of pyg_dist
 (30,000 nodes, 3M directed edges, 602 features, 41 classes), 2 METIS parts
@@ -81,8 +81,8 @@ Usage (as root: namespaces; ``make bench-dgl-env`` first)::
     .venv/bin/python benchmarks/distdgl.py --parts 4       # 4 parts/machines
     .venv/bin/python benchmarks/distdgl.py --quick         # small graph, 2 epochs, 1 run each
 
-Results: ``benchmarks/results/distdgl.json`` (``distdgl_4parts.json`` for
-``--parts 4``, ``distdgl_quick.json`` for ``--quick``; ``--out``). This one
+Results: ``benchmarks/results/distdgl_2parts.json`` (``distdgl_4parts.json`` for
+``--parts 4``, ``distdgl_2parts_quick.json`` for ``--quick``; ``--out``). This one
 file is run by both venvs: the project's (driver, pyg_dist ranks, machine
 agents: standard library only) and DGL's (``dgl-*`` subcommands), so only the
 standard library is imported at module level.
@@ -105,6 +105,9 @@ HERE = osp.dirname(osp.abspath(__file__))
 REPO = osp.dirname(HERE)
 SCRIPT = osp.abspath(__file__)
 RESULTS_DIR = osp.join(HERE, "results")
+# `make bench-dgl-env`'s venv: an ignored folder of the repository, so that every clone
+# builds and finds its own.
+DGL_ENV = osp.join(REPO, ".bench", "dgl-env")
 GRAPH_NAME = "reddit_shaped"
 NS_PREFIX = "dgb"           # namespaces dgb-sw (the bridge) and dgb-m0, dgb-m1, ...
 SUBNET = "10.77.0"          # machine m is SUBNET.(m + 1)
@@ -130,6 +133,19 @@ def _write_json(path: str, value: Any) -> None:
     with open(tmp, "w") as f:
         json.dump(value, f, indent=1)
     os.replace(tmp, path)
+
+
+def _portable(value: Any) -> Any:
+    r""":obj:`value` with the repository's absolute path cut from every string
+    (paths relative to it), so that a results file names no folder of the
+    machine that wrote it."""
+    if isinstance(value, str):
+        return value.replace(REPO + os.sep, "").replace(REPO, ".")
+    if isinstance(value, dict):
+        return {k: _portable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_portable(v) for v in value]
+    return value
 
 
 def _proc_status(pid: Any = "self") -> Dict[str, int]:
@@ -1077,7 +1093,7 @@ def driver(args) -> int:
     net = Network(args.parts, args.mtu).open()
     runs: List[Dict[str, Any]] = []
     header = {
-        "issue": 34, "machine": machine_info(), "args": vars(args),
+        "machine": machine_info(), "args": vars(args),
         "dgl_env": {"python": args.dgl_python},
         "workload": {"graph": f"reddit_shaped(num_nodes={args.num_nodes}, "
                               f"seed={args.data_seed})",
@@ -1127,8 +1143,8 @@ def driver(args) -> int:
     out_path = args.out
 
     def save() -> None:
-        _write_json(out_path, {**header, "minutes": (time.time() - started) / 60,
-                               "summary": summarize(runs), "runs": runs})
+        _write_json(out_path, _portable({**header, "minutes": (time.time() - started) / 60,
+                                         "summary": summarize(runs), "runs": runs}))
 
     try:
         index = 0
@@ -1199,7 +1215,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     parser = argparse.ArgumentParser(
         description="DistDGL 2.1 against pyg_dist on the same graph, partitions, model, "
-                    "fan-outs, batch size and initial weights (issue 34)")
+                    "fan-outs, batch size and initial weights")
     parser.add_argument("--quick", action="store_true",
                         help=f"a short check: {QUICK} (explicit flags still win)")
     parser.add_argument("--num-nodes", type=int, help=f"reddit_shaped nodes "
@@ -1240,11 +1256,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--system-eval", action="store_true",
                         help="also let pyg_dist evaluate itself after the last epoch "
                              "(recorded as system_test_acc)")
-    parser.add_argument("--dgl-env", default=os.environ.get("DGL_ENV", "/work/dgl-env"),
-                        help="the venv of `make bench-dgl-env`")
+    parser.add_argument("--dgl-env", default=os.environ.get("DGL_ENV") or DGL_ENV,
+                        help="the venv of `make bench-dgl-env` (default $DGL_ENV, else "
+                             ".bench/dgl-env in the repository)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per run")
-    parser.add_argument("--workdir", help="default runs/distdgl[_quick]")
-    parser.add_argument("--out", help="default benchmarks/results/distdgl[_Nparts|_quick].json")
+    parser.add_argument("--workdir", help="default runs/distdgl_{parts}parts[_quick]")
+    parser.add_argument("--out", help="default benchmarks/results/distdgl_{parts}parts[_quick].json")
     args = parser.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
@@ -1253,8 +1270,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.threads = max(1, len(os.sched_getaffinity(0)) // args.parts)
     if len(args.fanout) != args.layers:
         parser.error(f"--fanout has {len(args.fanout)} hops for {args.layers} layers")
-    name = "distdgl" + (f"_{args.parts}parts" if args.parts != 2 else "") + \
-        ("_quick" if args.quick else "")
+    name = f"distdgl_{args.parts}parts" + ("_quick" if args.quick else "")
     args.workdir = osp.abspath(args.workdir or osp.join(REPO, "runs", name))
     args.out = osp.abspath(args.out or osp.join(RESULTS_DIR, name + ".json"))
     args.dgl_python = osp.join(args.dgl_env, "bin", "python")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the DistDGL side of benchmarks/distdgl.py (`make bench-dgl-env`): a separate
-# venv in $DGL_ENV (default /work/dgl-env, outside the repository, like bench-env's
-# /work/bench-env) with DGL 2.1.0 and the torch it was built for, from PyPI only:
+# venv in $DGL_ENV (default .bench/dgl-env in the repository, ignored by git, like
+# bench-env's .bench/pyg-env) with DGL 2.1.0 and the torch it was built for, from PyPI only:
 #   dgl==2.1.0, torch==2.2.1, numpy<2, torchdata==0.7.1 and pandas (`import dgl` imports
 #   dgl.distributed, which imports graphbolt, which imports both), and the rest of what
 #   DGL imports (scipy, networkx, requests, tqdm, psutil, pydantic, pyyaml). DGL ships
@@ -13,7 +13,7 @@
 # Prints the install's size and time at the end.
 set -euo pipefail
 
-ENV=${DGL_ENV:-/work/dgl-env}
+ENV=${DGL_ENV:-$(cd "$(dirname "$0")/.." && pwd)/.bench/dgl-env}
 PYTHON=${PYTHON:-python3}
 TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
 start=$(date +%s)

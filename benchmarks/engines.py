@@ -12,9 +12,9 @@ ratio of adjacent pairs (this tree / baseline) with its range, and the
 
 Usage::
 
-    git worktree add /tmp/base <commit>
-    python benchmarks/engines.py --baseline /tmp/base            # ~10 min on 2 cores
-    python benchmarks/engines.py --baseline /tmp/base --reps 1 --epochs 3   # a smoke run
+    git worktree add ../base <commit>
+    python benchmarks/engines.py --baseline ../base            # ~10 min on 2 cores
+    python benchmarks/engines.py --baseline ../base --reps 1 --epochs 3   # a smoke run
 
 Writes ``benchmarks/results/engines_abab.json`` (``--output``).
 """

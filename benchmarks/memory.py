@@ -1,13 +1,13 @@
-r"""Resident memory against live memory per rank (issue 35): ``pyg-dist
+r"""Resident memory against live memory per rank: ``pyg-dist
 train`` defaults, exact and BNS, on 4 METIS parts of ``reddit-shaped`` and
 R-MAT, for
 
 * ``before``: another tree of the package (``--before``, e.g. the commit
   before live memory was measured: ``git archive <commit> | tar -x -C DIR``),
   run as is: its baseline does not hold the partition's mapped features;
-* ``default``: this tree with its defaults (``--malloc reuse`` since
-  2026-11-27's seventh stop: glibc keeps freed memory for the next step;
-  since the eighth, its ranks start with glibc's per-thread cache off);
+* ``default``: this tree with its defaults (``--malloc reuse``: glibc keeps
+  freed memory for the next step, and the ranks start with glibc's
+  per-thread cache off);
 * ``system`` (``--variants``): this tree, ``--malloc system`` (glibc and
   torch as they are: the per-thread cache on, the heap's top trimmed);
 * ``compact``: this tree, ``--malloc compact`` (chunks from 256 KiB mapped
@@ -31,7 +31,7 @@ run has no live figure: its ratio is over the ``default`` run's live peak of
 the same round (the training is the same). Prints a table and writes
 ``results/memory.json``.
 
-    PYTHONPATH=. python benchmarks/memory.py --before /tmp/before --reps 3
+    PYTHONPATH=. python benchmarks/memory.py --before ../before --reps 3
 """
 import argparse
 import json
@@ -44,7 +44,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
-from benchmarks.common import RESULTS_DIR, machine  # noqa: E402
+from benchmarks.common import RESULTS_DIR, machine, portable  # noqa: E402
 
 MiB = 2**20
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -158,9 +158,10 @@ def main() -> None:
               f"{r['time_vs_before']:8.2f}  {'met' if r['meets_goal'] else 'missed'}")
     os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"machine": machine(), "args": vars(args),
-                   "load_average": os.getloadavg(), "minutes": (time.time() - started) / 60,
-                   "table": table, "runs": runs}, f, indent=1)
+        json.dump(portable({"machine": machine(), "args": vars(args),
+                            "load_average": os.getloadavg(),
+                            "minutes": (time.time() - started) / 60,
+                            "table": table, "runs": runs}), f, indent=1)
 
 
 if __name__ == "__main__":

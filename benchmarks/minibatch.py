@@ -28,7 +28,7 @@ Usage::
 
     python benchmarks/minibatch.py                                   # the full run
     python benchmarks/minibatch.py --num-nodes 20000 --parts 2 --epochs 3 \
-        --link loopback --out /tmp/minibatch.json                    # a quick one
+        --link loopback --out runs/minibatch.json                    # a quick one
 """
 import argparse
 import json
@@ -164,8 +164,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--link", "--links", dest="links", nargs="+",
                         default=["loopback", "1gbit,0.1ms"])
-    parser.add_argument("--pyg-python", default="/work/bench-env/bin/python",
-                        help="a Python with torch-sparse for PyG's NeighborLoader")
+    parser.add_argument("--pyg-python", default=pyg_baselines.PYG_PYTHON,
+                        help="a Python with torch-sparse for PyG's NeighborLoader "
+                             "(default $PYG_ENV/bin/python, .bench/pyg-env: make bench-env)")
     parser.add_argument("--workdir", default="runs/bench_minibatch")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", default=RESULTS)

@@ -34,7 +34,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from common import RESULTS_DIR, machine  # noqa: E402
+from common import RESULTS_DIR, machine, portable  # noqa: E402
 
 GiB = 2**30
 # ogbn-papers100M: nodes and directed citations (the graph folder OGB's
@@ -195,7 +195,7 @@ def main() -> None:
         results["extrapolation"] = extrapolate(results["partitions"])
         os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump(portable(results), f, indent=1)
 
     scales = [int(s) for s in args.scales.split(",")] if args.partition else []
     methods = args.methods.split(",")

@@ -256,7 +256,11 @@ def main(argv: Optional[List[str]] = None) -> None:
         results = {"rows": several_partitions(args, data, config)}
     os.makedirs(osp.dirname(osp.abspath(args.output)), exist_ok=True)
     with open(args.output, "w") as f:
-        json.dump({"machine": machine, "args": vars(args), **results}, f, indent=1)
+        # paths inside the repository recorded relative to it: no machine's folders
+        repo = osp.dirname(osp.dirname(osp.abspath(__file__)))
+        saved = {k: osp.relpath(v, repo) if isinstance(v, str) and v.startswith(repo + os.sep)
+                 else v for k, v in vars(args).items()}
+        json.dump({"machine": machine, "args": saved, **results}, f, indent=1)
     print(f"wrote {args.output}")
 
 

@@ -48,7 +48,7 @@ Usage::
     python benchmarks/pyg_baselines.py --quick        # tiny, for tests
 
     # one baseline in one configuration, one JSON row per epoch on stdout (what run() calls)
-    /work/bench-env/bin/python benchmarks/pyg_baselines.py --kind neighbor \
+    .bench/pyg-env/bin/python benchmarks/pyg_baselines.py --kind neighbor \
         --num-nodes 10000 --epochs 5 --num-batches 10 --adj csr --workers 1
 """
 import argparse
@@ -80,6 +80,11 @@ NAMES = {"full": "PyG full-graph", "neighbor": "PyG NeighborLoader",
 FORMS = ("csr", "sparse_tensor", "edge_index")  # adjacency forms the model takes
 WORKERS = (1, 2)  # num_workers tried after 0
 RESULTS = osp.join(osp.dirname(osp.abspath(__file__)), "results", "pyg_baselines.json")
+# The Python of `make bench-env` (torch-sparse built from source): $PYG_ENV, else the
+# ignored folder .bench/pyg-env inside the repository, so that a clone finds its own.
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+PYG_ENV = os.environ.get("PYG_ENV") or osp.join(REPO, ".bench", "pyg-env")
+PYG_PYTHON = osp.join(PYG_ENV, "bin", "python")
 QUICK = {"num_nodes": 2000, "epochs": 3, "probe_epochs": 1}
 CORES = os.cpu_count() or 1
 
@@ -646,7 +651,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help="worker: probe every configuration instead of training")
     parser.add_argument("--pyg-python", default=None,
                         help="Python with torch-sparse or pyg-lib for the loaders (default: "
-                             "this one if it has them, else /work/bench-env/bin/python)")
+                             "this one if it has them, else $PYG_ENV/bin/python, default "
+                             ".bench/pyg-env/bin/python)")
     parser.add_argument("--workdir", default="runs/bench_suite")
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--out", default=None,
@@ -664,7 +670,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         parser.error(f"--fanout needs one fan-out per layer ({args.layers}), got {args.fanout}")
     if args.pyg_python is None:
         args.pyg_python = (sys.executable if has_loader_backend(sys.executable) is None
-                           else "/work/bench-env/bin/python")
+                           else PYG_PYTHON)
     args.out = args.out or (RESULTS.replace(".json", "_quick.json") if args.quick else RESULTS)
     return args
 

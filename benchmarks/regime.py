@@ -68,7 +68,7 @@ METHODS: Dict[str, List[str]] = {
     "BNS p=0 (ceiling)": ["--sampler", "bns", "--p", "0"],
 }
 CEILING = "BNS p=0 (ceiling)"  # no exchange at all: the speed no sampler can beat (one seed)
-# The goals: at least this many times exact's epochs/s (1.0: faster
+# The goals: at least this many times exact's epochs/s (1.0: faster
 # than exact), accuracy within ACCURACY_PP of exact's.
 GOALS: Dict[str, float] = {"BNS p=0.1 + PipeGCN": 3.0, "PipeGCN-GF": 1.6, "BNS p=0.1": 2.0,
                            "SANCUS": 1.0, "PSC": 1.0}

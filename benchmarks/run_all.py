@@ -118,7 +118,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help="time to this fraction of exact's final val accuracy")
     parser.add_argument("--pyg-python", default=None,
                         help="Python for PyG's loaders (default: this one if it has "
-                             "torch-sparse or pyg-lib, else /work/bench-env/bin/python)")
+                             "torch-sparse or pyg-lib, else $PYG_ENV/bin/python, default "
+                             ".bench/pyg-env/bin/python)")
     parser.add_argument("--workdir", default=None, help="default runs/bench_suite[_quick]")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", default=None,
@@ -132,7 +133,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     apply_preset(args, QUICK, FULL, "suite")
     if args.pyg_python is None:
         args.pyg_python = (sys.executable if pyg_baselines.has_loader_backend(sys.executable)
-                           is None else "/work/bench-env/bin/python")
+                           is None else pyg_baselines.PYG_PYTHON)
     return args
 
 

@@ -81,7 +81,7 @@ def table(results: List[Dict[str, Any]], parts: int, link: str) -> str:
 
 
 def targets(results: List[Dict[str, Any]]) -> List[str]:
-    r"""The issue's targets, per (parts, link)."""
+    r"""The targets, per (parts, link)."""
     out = []
     for parts, link in sorted({(r["parts"], r["link"]) for r in results}):
         by = {r["method"]: r for r in results if r["parts"] == parts and r["link"] == link}

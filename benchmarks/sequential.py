@@ -35,9 +35,9 @@ Graphs:
   ``--rmat-scale``: :math:`2^{scale}` nodes, edge factor 16, 512
   features), METIS: hubs everywhere, so a large halo even when well cut;
 * ``rmat:random``: the same graph, parts drawn at random (the user's
-  regime of issue 35: a real power-law graph split at random).
+  regime of a user who splits a real power-law graph at random).
 
-The targets (issue 35), checked at every rank count run with both
+The targets, checked at every rank count run with both
 exchanges: the sequential peak above baseline per rank at most 1.5 ×
 (single-process peak above baseline) / ranks, and at 2 ranks never above
 the materialising exchange's; at the largest rank count at most 0.6 × the

@@ -26,7 +26,7 @@ accuracy after ``--epochs`` epochs (mean ± std over ``--seeds`` seeds, run on
 the first link; accuracy does not depend on the link), and the epochs and
 seconds until the validation accuracy first reaches ``--target`` times the
 exact method's final one. Times are those of the seed with the median
-epoch time. The issue's targets are checked at the end.
+epoch time. The targets are checked at the end.
 Results go to ``benchmarks/results/staleness.json`` (``--out``), saved after
 every run.
 
@@ -37,7 +37,7 @@ Usage::
         "psc t=2 +fc" "psc t=2 +fc degree" "psc t=2 +fc random" \
         --out benchmarks/results/staleness_feature_cache.json
     python benchmarks/staleness.py --link loopback --seeds 1 --epochs 5 \
-        --methods exact pipegcn --out /tmp/staleness.json
+        --methods exact pipegcn --out runs/staleness.json
 """
 import argparse
 import json
@@ -105,7 +105,7 @@ def table(results: List[Dict[str, Any]], link: str) -> str:
 
 
 def targets(results: List[Dict[str, Any]]) -> List[str]:
-    r"""The issue's targets: the pipeline's wait against the exact exchange
+    r"""The targets: the pipeline's wait against the exact exchange
     time per link, and its accuracy against exact."""
     out = []
     mean_acc = lambda r: statistics.fmean(x["test_acc"] for x in r["runs"])  # noqa: E731

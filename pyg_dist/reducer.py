@@ -14,7 +14,7 @@ Each parameter's gradient is a view of its bucket's buffer, allocated once
 training zeroes the gradients in place, and the all-reduce sums the buffer
 itself. No step allocates gradients or copies them into and out of a flat
 buffer, and no gradient is placed among a step's freed buffers, where it
-would cut the heap's free space until the next step (issue 35). A gradient
+would cut the heap's free space until the next step. A gradient
 set to ``None`` meanwhile (``zero_grad()``'s default) is copied in.
 
 Buckets are launched in one fixed order on every rank (a bucket whose

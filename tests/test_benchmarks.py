@@ -109,7 +109,9 @@ def test_netem_emulated_network_reports_wire_bytes(tmp_path):
 
 # PyG's baselines at their best (benchmarks/pyg_baselines.py) and the paired
 # 1-partition overhead (benchmarks/overhead.py --parts 1), tiny.
-BENCH_ENV = "/work/bench-env/bin/python"
+# `make bench-env`'s Python: $PYG_ENV, else .bench/pyg-env in the repository.
+BENCH_ENV = os.path.join(os.environ.get("PYG_ENV") or os.path.join(REPO, ".bench", "pyg-env"),
+                         "bin", "python")
 
 
 def _bench(tmp_path, script, *flags):

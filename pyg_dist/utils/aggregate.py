@@ -12,7 +12,7 @@ On the CPU, ``torch.sparse.mm`` over a CSR :math:`\mathbf{A}` (a sum, or
     \nabla\mathbf{Y} \quad\text{(mean)},
 
 and builds :math:`\mathbf{A}^{\top}` anew in every backward (a sort of
-the edges, and edge-sized index buffers that fragment the heap: issue 35).
+the edges, and edge-sized index buffers that fragment the heap).
 A plan's adjacency is the same tensor in every layer (and, on the exact
 plan, in every step): marked by :func:`keep_transpose` where a plan serves
 it, it keeps its transpose for every backward (a mean's with each entry

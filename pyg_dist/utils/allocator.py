@@ -2,7 +2,7 @@ r"""glibc malloc's bytes in use (a rank's live memory on CPU, where torch
 keeps no allocator statistics), read cheaply, and their peak over a window;
 the ranks' allocator settings (``TrainConfig.malloc``).
 
-What a CPU rank's resident set (RSS) holds beyond its live memory (issue 35):
+What a CPU rank's resident set (RSS) holds beyond its live memory:
 
 * **libtorch's machine code** first run after the baseline (about 11-13
   MiB a rank, shared by the machine's processes, independent of the graph):

@@ -1,4 +1,4 @@
-"""Live memory beside RSS (issue 35): the peak of glibc malloc's bytes in
+"""Live memory beside RSS: the peak of glibc malloc's bytes in
 use, per rank and epoch, in metrics.jsonl and summary.json."""
 import json
 import os

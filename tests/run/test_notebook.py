@@ -24,7 +24,7 @@ MAIN_SCRIPT = textwrap.dedent("""
     from torch_geometric.nn import GraphSAGE
     import pyg_dist
 
-    def my_step(root):  # the issue's function, defined in __main__
+    def my_step(root):  # a user's function, defined in __main__
         part = pyg_dist.DistData.load(root, dist.get_rank())
         model = pyg_dist.nn.distribute(GraphSAGE(part.num_features, 16, 2, 4), part)
         return model(part.x, part.adj_t).shape
