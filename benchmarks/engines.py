@@ -42,6 +42,7 @@ ENGINES: Dict[str, List[str]] = {
     "sequential": ["--exchange", "sequential"],
     "gather (gat)": ["--model", "gat", "--hidden", "16"],
     "gather (gcn, pipeline)": ["--model", "gcn", "--cache", "pipeline"],
+    "pyg (neighbour loader)": ["--loader", "neighbor"],
 }
 
 
