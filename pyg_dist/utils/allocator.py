@@ -349,11 +349,12 @@ def follow_live_memory() -> Optional[bool]:
 
     Measured (``benchmarks/memory.py``, BENCHMARKS.md, 4 ranks on 2 cores,
     exact and BNS on ``reddit-shaped`` and R-MAT): the RSS peak above the
-    baseline, less the machine code paged in since, came to 0.98-1.02 times
-    the live peak (``system``: 1.45-1.84), but every step faults its
-    buffers in anew (the kernel zeroes them): 1.03-1.30 times the
-    default's epoch time over three runs, which is why it is not the
-    default.
+    baseline, less the machine code paged in since, came to 1.00-1.03 times
+    the live peak (the default: 1.20-1.34), but every step faults its
+    buffers in anew (the kernel zeroes them): 1.30-1.51 times the
+    default's epoch time over three rounds
+    (``benchmarks/results/memory_default_vs_compact.json``), which is why it
+    is not the default.
 
     Returns whether torch's huge pages are on: ``False`` where the kernel
     has none, or where torch allocated its first large buffer before the
