@@ -330,6 +330,20 @@ def wait_for_load(args, budget: Dict[str, float]) -> List[float]:
     return _loadavg()
 
 
+def cpu_busy(seconds: float = 3.0) -> float:
+    r"""The fraction of all cores busy over the next :obj:`seconds` (from
+    ``/proc/stat``): what else runs on the machine right now, which the
+    1-minute load average shows only with a lag."""
+    def sample():
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+        return sum(values), values[3] + values[4]  # idle + iowait
+    total0, idle0 = sample()
+    time.sleep(seconds)
+    total1, idle1 = sample()
+    return round(1 - (idle1 - idle0) / max(total1 - total0, 1), 3)
+
+
 def _wait(procs: List[subprocess.Popen], timeout: float) -> List[int]:
     deadline = time.time() + timeout
     while any(p.poll() is None for p in procs):
@@ -467,6 +481,7 @@ def run_one(args, data, parts, weights, system: str, ranks: int, index: int,
     record: Dict[str, Any] = {"system": system, "ranks": ranks, "index": index,
                               "dropout": dropout, "epochs_run": epochs}
     record["loadavg_before"] = wait_for_load(args, budget) if timed else _loadavg()
+    record["cpu_busy_before"] = cpu_busy()
     launch = launch_sar if system.startswith("sar") else launch_pyg
     started = time.time()
     try:
@@ -621,7 +636,9 @@ def bench(args, data, weights) -> int:
                           "full-graph inference; neither evaluates while training",
             "order": "per rank count: repeat r runs every system in --systems order",
             "load": f"before each timed run: wait while loadavg > {args.max_load} (every "
-                    f"60 s, at most {args.load_wait} s in all); loadavg recorded either way"},
+                    f"60 s, at most {args.load_wait} s in all); loadavg recorded either way, "
+                    f"and cpu_busy_before: the fraction of all cores busy in the 3 s "
+                    f"before the run (/proc/stat)"},
     }
     runs: List[Dict[str, Any]] = []
     agree = None
