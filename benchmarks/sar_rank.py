@@ -234,7 +234,7 @@ def profile_main(args) -> int:
     spec = _read_json(args.spec)
     r = Rank(spec, 0, 1, spec["mode"])
     torch = r.torch
-    wrap_dgl_kernels(torch)
+    wrap_kernels(torch)
     for _ in range(spec["warmup"]):
         r.step()
     from torch.profiler import ProfilerActivity, profile
@@ -250,7 +250,7 @@ def profile_main(args) -> int:
     return 0
 
 
-def wrap_dgl_kernels(torch) -> None:
+def wrap_kernels(torch) -> None:
     r"""DGL's C kernels (its sparse products, ``gspmm`` and ``gsddmm``, and
     the rest of ``dgl._sparse_ops``) are not torch operators, so the
     profiler does not see them: each gets a ``record_function`` named
@@ -268,6 +268,15 @@ def wrap_dgl_kernels(torch) -> None:
             with torch.profiler.record_function(f"dgl::{__name.lstrip('_')}"):
                 return __fn(*a, **k)
         setattr(bsparse, name, functools.wraps(fn)(wrapped))
+    # SAR's aggregation (its autograd function's forward, and the
+    # rematerialisation in its backward) around those kernels.
+    import sar.core.sar_aggregation as aggregation
+    do_aggregation = aggregation.do_aggregation
+
+    def recorded(*a, **k):
+        with torch.profiler.record_function("sar::do_aggregation"):
+            return do_aggregation(*a, **k)
+    aggregation.do_aggregation = functools.wraps(do_aggregation)(recorded)
 
 
 def event_rows(prof) -> List[Dict[str, Any]]:
