@@ -99,8 +99,8 @@ RESULTS_DIR = osp.join(HERE, "results")
 MiB = 2 ** 20
 
 sys.path.insert(0, HERE)
-from distdgl import (_loadavg, _proc_status, _read_json, _write_json,  # noqa: E402
-                     dgl_to_pyg, machine_info, pyg_to_dgl)
+from distdgl import (_loadavg, _portable, _proc_status, _read_json,  # noqa: E402
+                     _write_json, dgl_to_pyg, machine_info, pyg_to_dgl)
 
 QUICK = {"num_nodes": 4000, "epochs": 2, "repeats": 1, "ranks": [1, 2], "skip": 0,
          "profile_warmup": 1, "profile_steps": 1}
@@ -606,7 +606,7 @@ def bench(args, data, weights) -> int:
     started = time.time()
     budget = args.load_budget
     header = {
-        "issue": 55, "machine": machine_info(),
+        "machine": machine_info(),
         "args": {k: v for k, v in vars(args).items() if k != "load_budget"},
         "workload": {"graph": f"reddit_shaped(num_nodes={args.num_nodes}, "
                               f"seed={args.data_seed})", "nodes": data.num_nodes,
@@ -644,10 +644,10 @@ def bench(args, data, weights) -> int:
     agree = None
 
     def save() -> None:
-        _write_json(args.out, {**header, "agreement": agree, "parts": parts_info,
-                               "minutes": (time.time() - started) / 60,
-                               "summary": summarize(runs),
-                               "runs": [{k: v for k, v in r.items()} for r in runs]})
+        _write_json(args.out, _portable({
+            **header, "agreement": agree, "parts": parts_info,
+            "minutes": (time.time() - started) / 60, "summary": summarize(runs),
+            "runs": [{k: v for k, v in r.items()} for r in runs]}))
 
     parts_info: Dict[str, Any] = {}
     if args.agreement_ranks:
@@ -749,7 +749,7 @@ def profile(args, data, weights) -> int:
     pyg_dist's default step under ``torch.profiler``."""
     parts = prepare_parts(args, data, 1)
     warmup, steps = args.profile_warmup, args.profile_steps
-    out: Dict[str, Any] = {"issue": 55, "machine": machine_info(),
+    out: Dict[str, Any] = {"machine": machine_info(),
                            "workload": f"reddit_shaped(num_nodes={args.num_nodes}, seed="
                                        f"{args.data_seed}), 1 process, GraphSAGE "
                                        f"{args.layers} layers hidden {args.hidden}, dropout "
@@ -782,7 +782,7 @@ def profile(args, data, weights) -> int:
                                                 "out": raw_path})
         out["loadavg"][system]["after"] = _loadavg()
         out[system] = classify(_read_json(raw_path))
-    _write_json(args.profile_out, out)
+    _write_json(args.profile_out, _portable(out))
     print("\n" + profile_table(out) + f"\n\nwrote {args.profile_out}")
     return 0
 
