@@ -31,6 +31,7 @@ from torch import Tensor
 from pyg_dist.nn import gcn_norm
 from pyg_dist.nn.arguments import source_args, target_args
 from pyg_dist.nn.context import HaloContext
+from pyg_dist.nn.conv.gcn_conv import gcn_graph
 from pyg_dist.nn.spec import LayerSpec
 from pyg_dist.nn.state import STATE, LayerState, state_of
 
@@ -306,7 +307,6 @@ class Engine:
         degrees on the plan's edges (:func:`~pyg_dist.nn.conv.gcn_conv.gcn_graph`),
         aggregated by :meth:`aggregate`; with ``precompute_layer0`` and the
         input features, once on the exact plan."""
-        from pyg_dist.nn.conv.gcn_conv import gcn_graph
         ctx, x = self.ctx, kwargs["x"]
         edge_weight = kwargs.get("edge_weight")
 
