@@ -98,8 +98,9 @@ def staged(root: str) -> Iterator[str]:
     stage = osp.join(root, STAGING_DIR)
     for leftover in (stage, osp.join(root, OLD_DIR)):  # of a run killed outright
         shutil.rmtree(leftover, ignore_errors=True)
-    os.makedirs(stage)
     try:
+        # made inside the try: a signal the moment it exists still removes it
+        os.makedirs(stage)
         yield stage
     except BaseException as e:
         if isinstance(e, NoSpaceError) and e.writing:  # a staging inside this one: name root
