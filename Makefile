@@ -65,8 +65,8 @@ bench-dgl: install
 bench-dgl-quick: install
 	$(BIN)/python benchmarks/distdgl.py --dgl-env $(DGL_ENV) --quick
 
-# SAR side by side (issue 55): IntelLabs' SAR at a pinned commit on dgl 2.1.0 / torch 2.2.1 in
-# its own venv (.bench/sar-env, ignored; SAR_SRC: a git URL or local checkout of SAR), then
+# Full-graph training beside SAR: IntelLabs' SAR at a pinned commit on dgl 2.1.0 / torch 2.2.1
+# in its own venv (.bench/sar-env, ignored; SAR_SRC: a git URL or local checkout of SAR), then
 # the benchmark and the profile. `bench-sar-quick`: a small graph, 1 and 2 ranks, 2 epochs.
 .PHONY: bench-sar-env bench-sar bench-sar-quick
 SAR_ENV ?= .bench/sar-env
