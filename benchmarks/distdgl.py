@@ -135,19 +135,6 @@ def _write_json(path: str, value: Any) -> None:
     os.replace(tmp, path)
 
 
-def _portable(value: Any) -> Any:
-    r""":obj:`value` with the repository's absolute path cut from every string
-    (paths relative to it), so that a results file names no folder of the
-    machine that wrote it."""
-    if isinstance(value, str):
-        return value.replace(REPO + os.sep, "").replace(REPO, ".")
-    if isinstance(value, dict):
-        return {k: _portable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_portable(v) for v in value]
-    return value
-
-
 def _proc_status(pid: Any = "self") -> Dict[str, int]:
     r"""The memory fields of ``/proc/PID/status`` in bytes (empty if gone)."""
     out: Dict[str, int] = {}
@@ -409,7 +396,8 @@ def _load_dgl_weights(model, path: str) -> None:
 
 
 def dgl_partition_main(args) -> int:
-    r"""DGL's partitions of the exported graph with pyg_dist's assignment."""
+    r"""DGL's partitions of the exported graph with pyg_dist's assignment
+    (SAR's too: ``benchmarks/sar_rank.py partition``)."""
     os.environ.setdefault("DGLBACKEND", "pytorch")
     import numpy as np
     import torch
@@ -439,7 +427,9 @@ def dgl_partition_main(args) -> int:
         g, GRAPH_NAME, parts, args.out, num_hops=1, part_method="metis",
         return_mapping=True)
     seconds = time.time() - started
-    assert len(calls) == 1, "partition_graph did not ask for a METIS assignment"
+    # One part: DGL puts every node in it without asking METIS.
+    assert len(calls) == (1 if parts > 1 else 0), \
+        "partition_graph did not ask for a METIS assignment"
     # The check: DGL's part p holds exactly pyg_dist's part p.
     conf = _read_json(osp.join(args.out, GRAPH_NAME + ".json"))
     ranges = conf["node_map"]["_N"]
@@ -784,22 +774,29 @@ def evaluate(state: Dict[str, Any], args, prep) -> Dict[str, float]:
     r"""Exact full-graph inference (every neighbour) of one single-process
     PyG GraphSAGE with :obj:`state`, on the whole graph: the same evaluation
     for both systems."""
+    return full_graph_accuracies(pyg_config(args, prep["classes"]), prep["classes"],
+                                 prep["data"], state)
+
+
+def full_graph_accuracies(config: Dict[str, Any], classes: int, data,
+                          state: Dict[str, Any]) -> Dict[str, float]:
+    r"""Train, validation and test accuracy of pyg_dist's model of
+    :obj:`config` (a ``TrainConfig``'s fields) with :obj:`state`, by exact
+    single-process inference on the whole graph :obj:`data`."""
     import warnings
     import torch
     from torch_geometric.utils import to_torch_csr_tensor
     from pyg_dist.config import TrainConfig, build_model
     warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
-    data = prep["data"]
-    model = build_model(TrainConfig(**pyg_config(args, prep["classes"])), data.num_features,
-                        prep["classes"])
+    model = build_model(TrainConfig(**config), data.num_features, classes)
     model.load_state_dict(state)
     model.eval()
     adj_t = to_torch_csr_tensor(data.edge_index.flip(0), size=(data.num_nodes,) * 2)
     with torch.no_grad():
         pred = model(data.x, adj_t).argmax(-1)
-    return {f"{k.split('_')[0]}_acc": float((pred[m] == data.y[m]).float().mean())
-            for k, m in (("train_mask", data.train_mask), ("val_mask", data.val_mask),
-                         ("test_mask", data.test_mask))}
+    return {f"{k}_acc": float((pred[m] == data.y[m]).float().mean())
+            for k, m in (("train", data.train_mask), ("val", data.val_mask),
+                         ("test", data.test_mask))}
 
 
 def run_spec(args, prep, net: Network, system: str, index: int, run_dir: str) -> Dict[str, Any]:
@@ -1141,10 +1138,13 @@ def driver(args) -> int:
                       "pages a DGL trainer touched (rss_shmem)"},
     }
     out_path = args.out
+    # here, not at the top: common imports pyg_dist, which the DGL venv (where this
+    # script's other subcommands run) does not have
+    from common import portable
 
     def save() -> None:
-        _write_json(out_path, _portable({**header, "minutes": (time.time() - started) / 60,
-                                         "summary": summarize(runs), "runs": runs}))
+        _write_json(out_path, portable({**header, "minutes": (time.time() - started) / 60,
+                                        "summary": summarize(runs), "runs": runs}))
 
     try:
         index = 0

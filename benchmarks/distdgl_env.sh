@@ -10,7 +10,8 @@
 # PyPI's build for linux x86_64 (a CUDA build with ~2.7 GB of nvidia-* wheels; it runs
 # on CPU). Nothing is installed into the project venv (.venv), and pyg_dist is not
 # installed here: the DGL side only reads the graph files benchmarks/distdgl.py writes.
-# Prints the install's size and time at the end.
+# $DGL_EXTRA_PACKAGES: more packages resolved with the stack (benchmarks/sar_env.sh builds
+# SAR's venv on this one). Prints the install's size and time at the end.
 set -euo pipefail
 
 ENV=${DGL_ENV:-$(cd "$(dirname "$0")/.." && pwd)/.bench/dgl-env}
@@ -41,8 +42,9 @@ fi
 
 # 2. DGL and its dependencies, resolved together with the pinned torch and numpy<2
 #    (so that nothing replaces them). torchdata 0.7.1: the datapipes graphbolt uses.
+# shellcheck disable=SC2086  # the extra packages are words
 pip_install dgl==2.1.0 "torch==2.2.1" "numpy<2" torchdata==0.7.1 pandas scipy networkx \
-  requests urllib3 tqdm psutil pydantic pyyaml
+  requests urllib3 tqdm psutil pydantic pyyaml ${DGL_EXTRA_PACKAGES:-}
 
 # 3. Verify: the versions, and that dgl.distributed imports on this CPU.
 DGLBACKEND=pytorch "$ENV/bin/python" - <<'PY'

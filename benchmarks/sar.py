@@ -99,8 +99,9 @@ RESULTS_DIR = osp.join(HERE, "results")
 MiB = 2 ** 20
 
 sys.path.insert(0, HERE)
-from distdgl import (_loadavg, _portable, _proc_status, _read_json,  # noqa: E402
-                     _write_json, dgl_to_pyg, machine_info, pyg_to_dgl)
+from common import portable  # noqa: E402
+from distdgl import (_loadavg, _proc_status, _read_json, _write_json,  # noqa: E402
+                     dgl_to_pyg, full_graph_accuracies, machine_info, pyg_to_dgl)
 
 QUICK = {"num_nodes": 4000, "epochs": 2, "repeats": 1, "ranks": [1, 2], "skip": 0,
          "profile_warmup": 1, "profile_steps": 1}
@@ -457,20 +458,7 @@ def _tail(run_dir: str, lines: int = 12) -> str:
 def evaluate(state, args, data, classes: int) -> Dict[str, float]:
     r"""Exact full-graph inference of one single-process PyG GraphSAGE with
     :obj:`state`: the same evaluation for both systems."""
-    import warnings
-    import torch
-    from torch_geometric.utils import to_torch_csr_tensor
-    from pyg_dist.config import TrainConfig, build_model
-    warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
-    model = build_model(TrainConfig(**model_config(args, classes)), data.num_features, classes)
-    model.load_state_dict(state)
-    model.eval()
-    adj_t = to_torch_csr_tensor(data.edge_index.flip(0), size=(data.num_nodes,) * 2)
-    with torch.no_grad():
-        pred = model(data.x, adj_t).argmax(-1)
-    return {f"{k}_acc": float((pred[m] == data.y[m]).float().mean())
-            for k, m in (("train", data.train_mask), ("val", data.val_mask),
-                         ("test", data.test_mask))}
+    return full_graph_accuracies(model_config(args, classes), classes, data, state)
 
 
 def run_one(args, data, parts, weights, system: str, ranks: int, index: int,
@@ -644,7 +632,7 @@ def bench(args, data, weights) -> int:
     agree = None
 
     def save() -> None:
-        _write_json(args.out, _portable({
+        _write_json(args.out, portable({
             **header, "agreement": agree, "parts": parts_info,
             "minutes": (time.time() - started) / 60, "summary": summarize(runs),
             "runs": [{k: v for k, v in r.items()} for r in runs]}))
@@ -699,20 +687,22 @@ KINDS = [
 PHASES = [("optimizer", ("optimizer.",)), ("backward", ("autograd::engine", "backward"))]
 
 
-def _kind(names: List[str]) -> str:
+def _first_match(names: List[str], table, default: str) -> str:
+    r"""The first label of :obj:`table` (``[(label, keys)]``) one of whose
+    keys is part of one of :obj:`names` (lower-cased); :obj:`default` if none."""
     low = [n.lower() for n in names]
-    for kind, keys in KINDS:
+    for label, keys in table:
         if any(k in n for n in low for k in keys):
-            return kind
-    return "other"
+            return label
+    return default
+
+
+def _kind(names: List[str]) -> str:
+    return _first_match(names, KINDS, "other")
 
 
 def _phase(names: List[str]) -> str:
-    low = [n.lower() for n in names]
-    for phase, keys in PHASES:
-        if any(k in n for n in low for k in keys):
-            return phase
-    return "forward"
+    return _first_match(names, PHASES, "forward")
 
 
 def classify(raw: Dict[str, Any]) -> Dict[str, Any]:
@@ -782,7 +772,7 @@ def profile(args, data, weights) -> int:
                                                 "out": raw_path})
         out["loadavg"][system]["after"] = _loadavg()
         out[system] = classify(_read_json(raw_path))
-    _write_json(args.profile_out, _portable(out))
+    _write_json(args.profile_out, portable(out))
     print("\n" + profile_table(out) + f"\n\nwrote {args.profile_out}")
     return 0
 

@@ -18,32 +18,17 @@ PYTHON=${PYTHON:-python3}
 TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
 start=$(date +%s)
 
-mkdir -p "$(dirname "$ENV")"
-"$PYTHON" -m venv --clear "$ENV"
+# 1-2. The DGL 2.1 / torch 2.2.1 stack, built as the DistDGL benchmark's, with what SAR
+#      imports besides.
+mkdir -p "$ENV"
 ENV=$(cd "$ENV" && pwd)
+DGL_ENV="$ENV" DGL_EXTRA_PACKAGES="ifaddr packaging" PYTHON="$PYTHON" \
+  TORCH_CPU_INDEX="$TORCH_CPU_INDEX" bash "$(dirname "$0")/distdgl_env.sh"
 # pip install, without the lines about local index folders that lack a package.
 pip_install() {
   "$ENV/bin/pip" install -q --disable-pip-version-check "$@" 2>&1 \
     | { grep -v "^WARNING: Location 'file:" || true; }
 }
-pip_install --upgrade pip
-
-# 1. torch 2.2.1, CPU build first (no nvidia-* dependencies), PyPI's otherwise.
-if timeout 20 "$ENV/bin/python" - "$TORCH_CPU_INDEX" <<'PY' 2>/dev/null; then
-import sys, urllib.request
-urllib.request.urlopen(sys.argv[1] + "/torch/", timeout=15)
-PY
-  echo "torch 2.2.1: CPU build from $TORCH_CPU_INDEX"
-  pip_install torch==2.2.1 "numpy<2" --index-url "$TORCH_CPU_INDEX" \
-    --extra-index-url https://pypi.org/simple
-else
-  echo "torch 2.2.1: $TORCH_CPU_INDEX unreachable: PyPI's build (CUDA libraries, runs on CPU)"
-  pip_install torch==2.2.1 "numpy<2"
-fi
-
-# 2. DGL and its dependencies, resolved together with the pinned torch and numpy<2.
-pip_install dgl==2.1.0 "torch==2.2.1" "numpy<2" torchdata==0.7.1 pandas scipy networkx \
-  requests urllib3 tqdm psutil pydantic pyyaml ifaddr packaging
 
 # 3. SAR at the pinned commit, into the venv's own source folder.
 src="$ENV/src/SAR"

@@ -1,14 +1,16 @@
 r"""The SAR side of ``benchmarks/sar.py``, run by the SAR venv's python
 (``make bench-sar-env``: IntelLabs' SAR on DGL 2.1 and torch 2.2.1; pyg_dist
-is not installed there, so this file imports only the standard library at
-module level and reads everything else from the files ``sar.py`` writes).
+is not installed there, so this file, and ``benchmarks/distdgl.py`` it loads,
+import only the standard library at module level and read everything else from
+the files ``sar.py`` writes).
 
 Subcommands:
 
 * ``partition``: DGL's partitions (``dgl.distributed.partition_graph``, one
   hop of halo, as SAR's ``examples/partition_graph.py`` makes them) of the
   graph arrays, with pyg_dist's METIS assignment in place of DGL's METIS
-  call, then checked to hold exactly pyg_dist's parts, node for node.
+  call, then checked to hold exactly pyg_dist's parts, node for node: the
+  DistDGL benchmark's (``benchmarks/distdgl.py``'s ``dgl_partition_main``).
 * ``train``: one SAR rank, as SAR's ``examples/train_homogeneous_graph_*``
   train: ``sar.load_dgl_partition_data``, ``sar.construct_full_graph`` (the
   whole graph in every layer), DGL ``SAGEConv('mean')`` layers with ReLU and
@@ -20,7 +22,7 @@ Subcommands:
 * ``profile``: one process, the same step under ``torch.profiler``.
 """
 import argparse
-import json
+import importlib.util
 import os
 import os.path as osp
 import sys
@@ -28,83 +30,28 @@ import time
 from typing import Any, Dict, List
 
 HERE = osp.dirname(osp.abspath(__file__))
-GRAPH_NAME = "reddit_shaped"
 # This folder holds benchmarks/sar.py, which would shadow the SAR package.
 sys.path[:] = [p for p in sys.path if osp.abspath(p or os.getcwd()) != HERE]
 
 
-def _read_json(path: str) -> Any:
-    with open(path) as f:
-        return json.load(f)
+def _load_distdgl():
+    r"""``benchmarks/distdgl.py``, loaded from its file (this folder is off
+    ``sys.path``): its standard-library helpers, and DGL's partitioning with
+    pyg_dist's assignment, which SAR runs on as DistDGL does."""
+    spec = importlib.util.spec_from_file_location("distdgl", osp.join(HERE, "distdgl.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _write_json(path: str, value: Any) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(value, f, indent=1)
-    os.replace(tmp, path)
-
-
-def _status() -> Dict[str, int]:
-    r"""``VmHWM`` and ``VmRSS`` of this process in bytes, from ``/proc``."""
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            if key in ("VmHWM", "VmRSS"):
-                out[key] = int(rest.split()[0]) * 1024
-    return out
+distdgl = _load_distdgl()
+_read_json, _write_json = distdgl._read_json, distdgl._write_json
 
 
 def _reset_peak() -> None:
     r"""A new resident high-water-mark window (as pyg_dist's metrics do)."""
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
-
-
-def partition_main(args) -> int:
-    os.environ.setdefault("DGLBACKEND", "pytorch")
-    import numpy as np
-    import torch
-    import dgl
-    import dgl.distributed.partition as dgl_partition
-
-    z = np.load(args.graph)
-    n = int(z["x"].shape[0])
-    assignment = torch.from_numpy(z["assignment"].astype(np.int64))
-    parts = int(assignment.max()) + 1
-    g = dgl.graph((torch.from_numpy(z["src"]), torch.from_numpy(z["dst"])), num_nodes=n)
-    g.ndata["features"] = torch.from_numpy(z["x"])
-    g.ndata["labels"] = torch.from_numpy(z["y"])
-    for key in ("train_mask", "val_mask", "test_mask"):
-        g.ndata[key] = torch.from_numpy(z[key])
-    calls = []
-
-    def given_assignment(sim_g, num_parts, **kwargs):
-        # partition_graph's METIS call, answered with pyg_dist's METIS parts.
-        assert sim_g.num_nodes() == n and num_parts == parts, (sim_g.num_nodes(), num_parts)
-        calls.append(num_parts)
-        return assignment.clone()
-
-    dgl_partition.metis_partition_assignment = given_assignment
-    orig_nids, _ = dgl.distributed.partition_graph(
-        g, GRAPH_NAME, parts, args.out, num_hops=1, part_method="metis", return_mapping=True)
-    # One part: DGL puts every node in it without asking METIS.
-    assert len(calls) == (1 if parts > 1 else 0), "partition_graph skipped the assignment"
-    conf = _read_json(osp.join(args.out, GRAPH_NAME + ".json"))
-    orig = orig_nids.numpy()
-    same = []
-    for p, (lo, hi) in enumerate(conf["node_map"]["_N"]):
-        dgl_nodes = np.sort(orig[lo:hi])
-        pyg_nodes = np.nonzero(z["assignment"] == p)[0]
-        same.append(bool(np.array_equal(dgl_nodes, pyg_nodes)))
-    report = {"parts": parts, "identical_parts": same,
-              "inner_nodes": [hi - lo for lo, hi in conf["node_map"]["_N"]],
-              "part_config": osp.join(args.out, GRAPH_NAME + ".json"),
-              "dgl": dgl.__version__, "torch": torch.__version__}
-    _write_json(osp.join(args.out, "assignment_check.json"), report)
-    print(json.dumps(report))
-    return 0 if all(same) else 1
 
 
 def build_model(spec: Dict[str, Any]):
@@ -193,14 +140,14 @@ def train_main(args) -> int:
     rank, world = args.rank, spec["world"]
     r = Rank(spec, rank, world, spec["mode"])
     torch, dist = r.torch, r.dist
-    baseline = _status()
+    baseline = distdgl._proc_status()
     rows: List[Dict[str, Any]] = []
     for epoch in range(1, spec["epochs"] + 1):
         _reset_peak()
         start = time.perf_counter()
         loss = r.step()
         seconds = time.perf_counter() - start
-        mem = _status()
+        mem = distdgl._proc_status()
         total = loss.reshape(1).clone()
         r.sar.comm.all_reduce(total, op=dist.ReduceOp.SUM, move_to_comm_device=True)
         rows.append({"epoch": epoch, "time": seconds, "loss": float(total),
@@ -301,7 +248,7 @@ def main(argv=None) -> int:
     parser.add_argument("--spec")
     parser.add_argument("--rank", type=int, default=0)
     args = parser.parse_args(argv)
-    return {"partition": partition_main, "train": train_main,
+    return {"partition": distdgl.dgl_partition_main, "train": train_main,
             "profile": profile_main}[args.command](args)
 
 
