@@ -173,7 +173,7 @@ class Engine:
         plan says so (a mini-batch's layers run on shrinking prefixes), and
         gives a layer whose spec is ``edge_index_only`` the partition's
         ``edge_index`` for its ``adj_t``."""
-        state, ctx = self._state(module), self.ctx
+        state, ctx = state_of(module), self.ctx
         gcn_norm.enter(ctx)  # first: _leave_layer runs even if this hook raises
         ctx.enter(state)
         state.calls = 0
@@ -187,25 +187,21 @@ class Engine:
         return tuple(args)
 
     def _leave_layer(self, module, args, out) -> None:
-        self._state(module).given = None
+        state_of(module).given = None
         gcn_norm.leave()
 
     def _weigh_messages(self, module, inputs, messages: Tensor):
         r"""Multiplies each message of a sampled plan's edge by its weight
         (:meth:`~pyg_dist.comm.HaloPlan.edge_weight`) on the per-edge path."""
-        weight = self._state(module).message_weight
+        weight = state_of(module).message_weight
         if weight is None:
             return None
         if messages.size(0) != weight.numel():
             raise RuntimeError(
-                f"Layer '{self._state(module).key}' made {messages.size(0)} messages for "
+                f"Layer '{state_of(module).key}' made {messages.size(0)} messages for "
                 f"the {weight.numel()} edges of the sampled plan: a layer that adds or "
                 f"removes edges inside its forward cannot be sampled with rescaling")
         return messages * weight.to(messages.dtype).view((-1, ) + (1, ) * (messages.dim() - 1))
-
-    @staticmethod
-    def _state(module) -> LayerState:
-        return module.__dict__[STATE]
 
     # ---- what layers ask -----------------------------------------------------
     def may_project(self, layer: torch.nn.Module, x_src: Tensor) -> bool:
@@ -232,7 +228,7 @@ class Engine:
         r"""``(x, edge_index, edge_attr)`` for a layer that attends over the
         plan's edges: its sources ``(x_inner | x_halo, x_inner)`` and the
         plan's ``edge_index`` and per-edge attributes."""
-        state, ctx = self._state(layer), self.ctx
+        state, ctx = state_of(layer), self.ctx
         ctx.enter(state)
         if edge_attr is not None and ctx.is_local_graph(edge_index):
             edge_attr = ctx.plan.edges(edge_attr)

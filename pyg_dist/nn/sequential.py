@@ -148,14 +148,14 @@ class SequentialEngine(Engine):
         return state
 
     def _leave_layer(self, module, args, out) -> None:
-        self._state(module).plan_graph = False
+        state_of(module).plan_graph = False
         super()._leave_layer(module, args, out)
 
     def attention_inputs(self, layer, x: Tensor, edge_index, edge_attr):
         r"""An attention layer's inputs: its own rows and the plan's edges.
         Each rank transforms its own rows; every piece's sources travel
         transformed and its edges are scored by the deferred edge update."""
-        state, ctx = self._state(layer), self.ctx
+        state, ctx = state_of(layer), self.ctx
         ctx.enter(state)
         if not ctx.is_local_graph(edge_index):
             raise NotImplementedError(

@@ -22,6 +22,7 @@ from typing import Dict, NamedTuple, Optional, Set, Tuple
 import torch
 from torch_geometric.nn.conv import MessagePassing
 
+from pyg_dist.nn.conv.sage_conv import LINEAR_AGGREGATIONS
 from pyg_dist.nn.conv import (DistChebConv, DistGATConv, DistGATv2Conv, DistGCNConv,
                               DistGraphConv, DistSAGEConv)
 
@@ -195,11 +196,6 @@ class LinearParts(NamedTuple):
     aggregated: torch.nn.Linear  # W, its bias added after the aggregation
     root: Optional[torch.nn.Linear]  # W_root, or None
     normalize: bool  # the output rows are L2-normalised
-
-
-#: Aggregations that commute with a linear map: :math:`\mathrm{aggr}_j(W
-#: x_j) = W\,\mathrm{aggr}_j(x_j)`.
-LINEAR_AGGREGATIONS = ("mean", "sum", "add")
 
 
 def linear_parts(layer) -> Optional[LinearParts]:
