@@ -6,7 +6,8 @@ import torch
 from torch_geometric.nn import GCNConv, GraphConv, SAGEConv
 from torch_geometric.utils import spmm as pyg_spmm
 
-from pyg_dist.utils.aggregate import keep_transpose, kept, spmm, transposed
+from pyg_dist.utils import aggregate
+from pyg_dist.utils.aggregate import column_blocks, keep_transpose, kept, spmm, transposed
 from pyg_dist.nn.conv import DistGraphConv
 from pyg_dist.nn.conv.sage_conv import DistSAGEConv
 from pyg_dist.utils import csr_tensor
@@ -134,6 +135,59 @@ def test_unmarked_and_gradient_free_graphs_keep_nothing():
     assert kept(marked, "sum") is None
 
 
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_column_blocks_hold_every_entry_once_and_multiply_as_the_graph(reduce):
+    adj = _adjacency(60, 80, 400, seed=6)
+    count = adj.crow_indices().diff()
+    blocks = column_blocks(adj, reduce, columns=16)
+    assert [start for start, _ in blocks] == [0, 16, 32, 48, 64]
+    assert [block.size(1) for _, block in blocks] == [16] * 5
+    # the blocks, laid side by side, are the graph (a mean's: each row divided by its count)
+    whole = torch.cat([block.to_dense() for _, block in blocks], dim=1)
+    expected = adj.to_dense()
+    if reduce == "mean":
+        expected = expected / count.clamp(min=1).unsqueeze(1)
+    assert torch.equal(whole, expected)
+    assert sum(block.values().numel() for _, block in blocks) == adj.values().numel()
+    assert column_blocks(adj, reduce, columns=80) is None  # one block: the graph itself
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_a_kept_graph_wider_than_a_block_multiplies_by_blocks_and_equals_pyg(reduce, monkeypatch):
+    monkeypatch.setattr(aggregate, "BLOCK_COLUMNS", 16)
+    adj = keep_transpose(_adjacency(60, 80, 400, seed=7))
+    x = torch.randn(80, 7, requires_grad=True)
+    grad = torch.randn(60, 7)
+    expected = pyg_spmm(adj, x, reduce)
+    expected_grad, = torch.autograd.grad(expected, x, grad)
+    out = spmm(adj, x, reduce)
+    got, = torch.autograd.grad(out, x, grad)
+    assert_fp32_close(out, expected)
+    assert_fp32_close(got, expected_grad)
+    # forward over the graph's blocks, backward over its transpose's (60 columns: 4 blocks)
+    assert len(column_blocks(adj, reduce)) == 5
+    assert len(column_blocks(transposed(adj, reduce), "sum")) == 4
+    blocks = column_blocks(adj, reduce)
+    again = spmm(adj, x, reduce)
+    assert column_blocks(adj, reduce) is blocks  # kept, and the sums the same every use
+    assert torch.equal(again, out)
+    assert torch.equal(torch.autograd.grad(again, x, grad)[0], got)
+    with torch.no_grad():  # evaluation takes the same blocks
+        assert torch.equal(spmm(adj, x, reduce), out)
+
+
+def test_a_piece_multiplies_in_one_pass(monkeypatch):
+    # a piece of the sequential exchange lives one round: no blocks are built for it
+    monkeypatch.setattr(aggregate, "BLOCK_COLUMNS", 16)
+    whole = _adjacency(80, 60, 400, seed=8)
+    piece = keep_transpose(_adjacency(60, 80, 400, seed=8), whole)
+    x = torch.randn(80, 7, requires_grad=True)
+    out = spmm(piece, x)
+    torch.autograd.grad(out, x, torch.randn(60, 7))
+    assert column_blocks(piece) is None and column_blocks(whole) is None
+    assert_fp32_close(out, pyg_spmm(piece, x))
+
+
 @pytest.mark.parametrize("conv", [SAGEConv(6, 6), GraphConv(6, 6, aggr="mean"),
                                   GCNConv(6, 6, normalize=False)])
 def test_layers_aggregate_with_it_and_equal_pyg(conv):
@@ -157,12 +211,16 @@ def test_layers_aggregate_with_it_and_equal_pyg(conv):
         assert_fp32_close(got, want)
 
 
+@pytest.mark.parametrize("block_columns", [None, 16], ids=["one pass", "column blocks"])
 @pytest.mark.parametrize("model_cls", ["GraphSAGE", "GCN"])
-def test_distributed_layers_keep_the_plan_s_transpose_and_equal_pyg(graph, tmp_path, model_cls):
+def test_distributed_layers_keep_the_plan_s_transpose_and_equal_pyg(graph, tmp_path, model_cls,
+                                                                   block_columns, monkeypatch):
     import torch_geometric.nn as gnn
     from torch_geometric.utils import to_torch_csr_tensor
 
     import pyg_dist
+    if block_columns is not None:
+        monkeypatch.setattr(aggregate, "BLOCK_COLUMNS", block_columns)
     pyg_dist.partition_graph(graph, 1, root=str(tmp_path))
     pyg_dist.init()
     part = pyg_dist.DistData.load(str(tmp_path), 0)
@@ -182,3 +240,5 @@ def test_distributed_layers_keep_the_plan_s_transpose_and_equal_pyg(graph, tmp_p
     served = [part.adj_t] if model_cls == "GraphSAGE" else \
         [norm.adj_t for norm in model.dist_context.memo["gcn_norm"].values()]
     assert all(_keeps_a_transpose(g) for g in served)
+    assert all((column_blocks(g, "mean" if model_cls == "GraphSAGE" else "sum") is not None)
+               == (block_columns is not None) for g in served)
