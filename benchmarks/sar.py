@@ -18,7 +18,13 @@ Systems (``--systems``):
   every remote row a layer needs at once; needs the patch of
   ``benchmarks/sar_env.sh``);
 * ``pyg-seq``: ``pyg_dist`` with ``--exchange sequential`` (SAR's scheme);
-* ``pyg``: ``pyg_dist``'s default (the halo exchange).
+* ``pyg``: ``pyg_dist``'s default (the halo exchange);
+* ``pyg-pre``, ``pyg-seq-pre``: ``pyg`` and ``pyg-seq`` with
+  ``--precompute-layer0`` (the first layer's aggregation of the input
+  features, which no step changes, computed once: exact).
+
+``summary[ranks]["fastest"]`` names each side's fastest system of the run,
+and ``ratios`` holds their ratio beside the fixed pairs.
 
 With one rank there is no exchange: only ``sar`` and ``pyg`` run.
 
@@ -108,8 +114,10 @@ QUICK = {"num_nodes": 4000, "epochs": 2, "repeats": 1, "ranks": [1, 2], "skip": 
 FULL = {"num_nodes": 30000, "epochs": 10, "repeats": 3, "ranks": [1, 2, 4, 8], "skip": 2,
         "profile_warmup": 2, "profile_steps": 3}
 SYSTEMS = {"sar": "SAR default (sequential + remat.)", "sar-oneshot": "SAR one-shot",
-           "pyg-seq": "pyg_dist --exchange sequential", "pyg": "pyg_dist default (halo)"}
-ONE_RANK = ("sar", "pyg")  # no exchange with one rank
+           "pyg-seq": "pyg_dist --exchange sequential", "pyg": "pyg_dist default (halo)",
+           "pyg-pre": "pyg_dist --precompute-layer0",
+           "pyg-seq-pre": "pyg_dist --exchange sequential --precompute-layer0"}
+ONE_RANK = ("sar", "pyg", "pyg-pre")  # no exchange with one rank
 
 
 # --------------------------------------------------------------------------- #
@@ -413,7 +421,8 @@ def launch_pyg(args, parts, weights, system: str, ranks: int, run_dir: str, inde
                profile: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     from pyg_dist.utils.allocator import rank_environment
     config = model_config(args, weights["classes"], dropout=dropout, epochs=epochs,
-                          exchange="sequential" if system == "pyg-seq" else "halo")
+                          exchange="sequential" if system.startswith("pyg-seq") else "halo",
+                          precompute_layer0=system.endswith("-pre"))
     out = osp.join(run_dir, "out")
     spec = {"root": osp.abspath(parts["root"]), "config": config, "out": out,
             "weights": weights["pyg"], "run_dir": run_dir, "timeout": 600,
@@ -551,7 +560,13 @@ def summarize(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
                                        max(r["test_acc"] for r in ok)],
                        loadavg_before=[r["loadavg_before"][0] for r in ok],
                        loadavg_after=[r["loadavg_after"][0] for r in ok])
-        for ours, theirs in (("pyg-seq", "sar"), ("pyg", "sar-oneshot"), ("pyg", "sar")):
+        pairs = [("pyg-seq", "sar"), ("pyg", "sar-oneshot"), ("pyg", "sar"),
+                 ("pyg-pre", "sar"), ("pyg-pre", "sar-oneshot"), ("pyg-seq-pre", "sar")]
+        # each side at its fastest configuration of this run
+        fastest = [min((s for s in by_system if s.startswith(side) and "runs" in by_system[s]),
+                       key=lambda s: by_system[s]["s_per_epoch_median"], default=None)
+                   for side in ("pyg", "sar")]
+        for ours, theirs in pairs + ([tuple(fastest)] if all(fastest) else []):
             if ours in by_system and theirs in by_system:
                 a, b = by_system[ours], by_system[theirs]
                 by_system.setdefault("ratios", {})[f"{ours}/{theirs}"] = {
@@ -559,6 +574,8 @@ def summarize(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
                     "peak_rss_per_rank": (a["peak_rss_per_rank_mib_median"]
                                           / b["peak_rss_per_rank_mib_median"]),
                     "test_acc_pp": 100 * (a["test_acc_mean"] - b["test_acc_mean"])}
+        if all(fastest):
+            by_system["fastest"] = {"pyg_dist": fastest[0], "sar": fastest[1]}
     return out
 
 
@@ -825,7 +842,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--data-seed", type=int, default=0)
     parser.add_argument("--ranks", type=_ints, help="rank counts, e.g. 1,2,4,8")
     parser.add_argument("--systems", type=lambda t: t.split(","),
-                        default=["sar", "pyg-seq", "sar-oneshot", "pyg"],
+                        default=["sar", "pyg-seq", "sar-oneshot", "pyg", "pyg-pre", "pyg-seq-pre"],
                         help=f"the runs of a repeat, in order: {', '.join(SYSTEMS)}")
     parser.add_argument("--epochs", type=int)
     parser.add_argument("--skip", type=int, help="first epochs left out of the median")

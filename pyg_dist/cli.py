@@ -52,6 +52,12 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                         "loader and sampler only); sequential: one peer's rows at a time, "
                         "re-fetched in the backward pass (SAR: memory per rank falls with "
                         "the ranks; full loader, exact cache)")
+    p.add_argument("--memory-budget", type=_bytes, default=None, metavar="SIZE",
+                   help="with --exchange sequential: the halo rows layers may receive at "
+                        "once, in bytes (K, M, G: KiB, MiB, GiB); a layer whose rows fit "
+                        "in what is left receives its whole halo at once (faster), the "
+                        "others one peer's rows at a time (summary.json: "
+                        "layer_aggregation)")
     p.add_argument("--clip-grad", type=_positive(float, "--clip-grad"), default=None,
                    metavar="TH", help="clip each rank's local gradient to norm sqrt(P)*TH "
                                       "before the all-reduce (SANCUS)")
@@ -193,6 +199,7 @@ def _config(args: argparse.Namespace, argv: List[str]):
                        precompute_layer0=args.precompute_layer0,
                        exchange_dtype=args.exchange_dtype, malloc=args.malloc,
                        exchange=args.exchange, clip_grad=args.clip_grad,
+                       memory_budget=args.memory_budget,
                        feature_cache=args.feature_cache,
                        feature_cache_capacity=(args.feature_cache_capacity
                                                or TrainConfig.feature_cache_capacity),
@@ -482,6 +489,24 @@ def _balance_names(text: str) -> tuple:
     r"""``--balance``: the quantities named (``none``: the nodes only)."""
     from pyg_dist.partition.balance import check_balance
     return () if text == "none" else check_balance(n for n in text.split(",") if n)
+
+
+_UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+
+
+def _bytes(text: str) -> int:
+    r"""An argparse type: a size in bytes, ``"1500000"``, ``"512M"`` or
+    ``"1.5G"`` (binary units; a trailing ``B`` or ``iB`` is allowed)."""
+    core = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = core[-1:] if core[-1:] in _UNITS and core[-1:] else ""
+    try:
+        value = float(core[:len(core) - len(unit)]) * _UNITS[unit]
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"--memory-budget is a size in bytes, 0 or more, "
+                                         f"e.g. 512M or 1.5G (got '{text}')")
+    return int(value)
 
 
 def _positive(kind, name: str):

@@ -67,7 +67,8 @@ class TrainConfig:
     :obj:`feature_cache` of input features, and :obj:`loader`
     (:data:`pyg_dist.loader.LOADERS`: which batches an epoch trains on;
     each loader says which samplers and caches it runs with).
-    :obj:`precompute_layer0`, :obj:`exchange_dtype` and :obj:`overlap` are
+    :obj:`precompute_layer0`, :obj:`exchange_dtype`, :obj:`overlap`,
+    :obj:`exchange` and :obj:`memory_budget` are
     :func:`~pyg_dist.nn.distribute`'s options.
 
     :meth:`to_dict` (``summary.json``'s ``config``) also writes the keys the
@@ -98,6 +99,9 @@ class TrainConfig:
     overlap: Union[bool, str] = False
     # How halo rows travel: a key of pyg_dist.comm.EXCHANGES.
     exchange: str = DEFAULT_EXCHANGE
+    # With exchange="sequential": bytes of halo rows layers may receive at once
+    # (distribute()'s memory_budget; None: every layer sequential).
+    memory_budget: Optional[int] = None
     # SANCUS §4.3.2: each rank clips its local gradient to norm sqrt(P) * clip_grad
     # before the all-reduce (None: no clipping).
     clip_grad: Optional[float] = None
@@ -199,7 +203,7 @@ class TrainConfig:
             sampler=SAMPLERS[self.sampler], cache=CACHES[self.cache],
             feature_cache=self.feature_cache, loader=LOADERS[self.loader],
             precompute=self.precompute_layer0, overlap=self.overlap,
-            exchange_dtype=self.exchange_dtype,
+            exchange_dtype=self.exchange_dtype, memory_budget=self.memory_budget,
             names={"exchange": self.exchange, "sampler": self.sampler, "cache": self.cache,
                    "loader": self.loader})
         if refused:
@@ -207,7 +211,7 @@ class TrainConfig:
 
 
 # Fields added since the first runs were written, with the value those runs had.
-ADDED_FIELDS = {"exchange": "halo", "clip_grad": None}
+ADDED_FIELDS = {"exchange": "halo", "clip_grad": None, "memory_budget": None}
 
 
 def upgrade(values: Dict[str, Any]) -> Dict[str, Any]:

@@ -137,6 +137,9 @@ def train(root: str, config: TrainConfig, out_dir: Optional[str] = None) -> Dict
     # how the layers aggregated with remote rows (docs/architecture.md); "pyg":
     # the model ran as plain PyG on the loader's batches
     summary["engine"] = model.dist_engine.name if hasattr(model, "dist_engine") else "pyg"
+    if summary["engine"] != "pyg" and model.dist_engine.budgets_memory:
+        # per layer: its whole halo at once, or one peer's rows at a time
+        summary["layer_aggregation"] = model.dist_engine.choices()
     if writer:
         writer.finish(summary, model, data.num_features, num_classes)
     return summary
@@ -172,7 +175,7 @@ def _distribute(model: torch.nn.Module, data, config: TrainConfig,
     distribute(model, data, stats=inputs.stats, precompute_layer0=config.precompute_layer0,
                exchange_dtype=config.exchange_dtype, cache=cache,
                feature_cache=feature_cache, overlap=config.overlap,
-               exchange=config.exchange)
+               exchange=config.exchange, memory_budget=config.memory_budget)
     ctx = model.dist_context
     sampler_args = dict(config.sampler_args)
     if config.sampler == "vr":  # PSC's coefficient c_ij is GCN's; others aggregate plainly

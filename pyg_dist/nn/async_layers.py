@@ -325,8 +325,9 @@ class NodesEngine(OverlapEngine):
     precompute = False
     asynchronous_exchange = True
 
-    def __init__(self, ctx, model: torch.nn.Module) -> None:
-        super().__init__(ctx, model)
+    def __init__(self, ctx, model: torch.nn.Module,
+                 memory_budget: Optional[int] = None) -> None:
+        super().__init__(ctx, model, memory_budget)
         self.trace: Optional[List[Tuple]] = None
 
     @classmethod

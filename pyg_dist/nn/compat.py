@@ -12,7 +12,8 @@ and :func:`refusals` reads them all:
   ``whole_blocks``, ``asynchronous``, ``piecewise``;
 * an engine (:class:`~pyg_dist.nn.engine.Engine`): ``stale_caches``,
   ``feature_cache``, ``precompute``, ``asynchronous_exchange``
-  (it posts its own transfers);
+  (it posts its own transfers), ``budgets_memory`` (it chooses per layer
+  by a memory budget);
 * a loader (:class:`~pyg_dist.loader.Loader`): ``full_graph``,
   ``sampled_plans``, ``observing_samplers``, ``stale_caches``,
   ``feature_caches``, ``precompute``, ``overlap``, ``exchange_dtypes``.
@@ -30,8 +31,8 @@ from pyg_dist.comm import DEFAULT_EXCHANGE
 def refusals(*, exchange: type, engine: Optional[type] = None, sampler: Optional[type] = None,
              cache: Optional[type] = None, feature_cache: Any = None,
              loader: Optional[type] = None, precompute: bool = False, overlap: Any = False,
-             exchange_dtype: str = "fp32", names: Optional[Dict[str, str]] = None
-             ) -> List[str]:
+             exchange_dtype: str = "fp32", memory_budget: Optional[int] = None,
+             names: Optional[Dict[str, str]] = None) -> List[str]:
     r"""The reasons, one line each, why the components given (classes;
     :obj:`feature_cache`: its policy name or ``True``, ``None``: none) do not compose;
     empty: they do. :obj:`names` are the names the user gave them
@@ -43,8 +44,17 @@ def refusals(*, exchange: type, engine: Optional[type] = None, sampler: Optional
              "feature_cache": feature_cache if isinstance(feature_cache, str) else None}
     out: List[str] = []
     stale = cache is not None and cache.stale
+    if memory_budget is not None and (isinstance(memory_budget, bool)
+                                      or not isinstance(memory_budget, int)
+                                      or memory_budget < 0):
+        out.append(f"memory_budget is a number of bytes, 0 or more (got {memory_budget!r})")
     if engine is not None:
         out += _engine(engine, exchange, names, cache, stale, feature_cache, precompute)
+        if memory_budget is not None and not engine.budgets_memory:
+            out.append(f"memory_budget chooses per layer between receiving the whole halo "
+                       f"and the sequential exchange's one peer at a time: it needs "
+                       f"exchange='sequential' (got "
+                       f"'{names.get('exchange', exchange.name)}')")
     refused = []  # the settings the exchange does not combine with
     if loader is not None and not loader.full_graph and not exchange.minibatch:
         refused.append("loader")

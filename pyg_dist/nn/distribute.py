@@ -34,7 +34,8 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
                exchange_dtype: str = "fp32", cache: Optional[HaloCache] = None,
                feature_cache: Optional[FeatureCache] = None,
                overlap: Union[bool, str] = False,
-               exchange: Union[str, Exchange] = DEFAULT_EXCHANGE) -> torch.nn.Module:
+               exchange: Union[str, Exchange] = DEFAULT_EXCHANGE,
+               memory_budget: Optional[int] = None) -> torch.nn.Module:
     r"""Converts every :class:`~torch_geometric.nn.conv.MessagePassing`
     layer of :obj:`model` in place into its partition-parallel version, like
     :meth:`torch.nn.SyncBatchNorm.convert_sync_batchnorm` (parameters,
@@ -127,6 +128,13 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
             max or min aggregation; others are refused before any work.
             Any :data:`~pyg_dist.comm.EXCHANGES` name, or an
             :class:`~pyg_dist.comm.exchange.Exchange`.
+        memory_budget: with ``exchange="sequential"``, the bytes of halo
+            rows the layers may receive all at once: a layer whose halo rows
+            fit in what is left of it does (faster, SAR's one-shot), the
+            others one peer's rows at a time (see
+            :meth:`~pyg_dist.nn.sequential.SequentialEngine.materialises`;
+            ``model.dist_engine.choices()`` says which did). ``None``: every
+            layer sequential.
     """
     # keyed by their paths (a lone layer by its class): its exchanges are counted so
     layers = [(name or type(m).__name__, m) for name, m in model.named_modules() if is_layer(m)]
@@ -142,7 +150,7 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
                        cache=None if cache is None else type(cache),
                        feature_cache=True if feature_cache is not None else None,
                        precompute=precompute_layer0, overlap=overlap,
-                       names={"exchange": exchange.name})
+                       memory_budget=memory_budget, names={"exchange": exchange.name})
     if refused:
         raise ValueError(refused[0])
     for name, module in layers:
@@ -156,7 +164,7 @@ def distribute(model: torch.nn.Module, data: DistData, group=None,
     previous = model.__dict__.get("dist_engine")
     if previous is not None:  # distributed again: the new engine replaces its hooks
         previous.detach()
-    engine = engine_class(ctx, model)
+    engine = engine_class(ctx, model, memory_budget)
     convert(model, lambda module: _distributed_class(module, engine))
     for name, module in layers:
         engine.attach(module, name, spec_of(module) or _USERS)

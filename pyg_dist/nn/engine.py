@@ -101,10 +101,14 @@ class Engine:
     feature_cache: ClassVar[bool] = True
     precompute: ClassVar[bool] = True
     asynchronous_exchange: ClassVar[bool] = False
+    #: It chooses per layer by a memory budget (``memory_budget``).
+    budgets_memory: ClassVar[bool] = False
 
-    def __init__(self, ctx: HaloContext, model: torch.nn.Module) -> None:
+    def __init__(self, ctx: HaloContext, model: torch.nn.Module,
+                 memory_budget: Optional[int] = None) -> None:
         self.ctx = ctx
         self.model = model
+        self.memory_budget = memory_budget  # bytes; read where budgets_memory
         self.layers: List[LayerState] = []
         self._handles: List[Any] = []  # hooks on modules other than the layers
 

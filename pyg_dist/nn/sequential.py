@@ -5,11 +5,17 @@ given that piece's source rows, and the exchange folds the partial
 aggregates. Which PyG layers it computes exactly is
 :data:`~pyg_dist.nn.spec.LAYERS`' ``sequential`` field; a layer of the
 user's own is taken on trust when its aggregation decomposes.
+
+Given a memory budget (``memory_budget``, bytes), a layer whose halo rows
+fit in what is left of it receives them all at once instead (SAR's
+one-shot; the gather engine's path): :meth:`SequentialEngine.materialises`.
 """
 import inspect
-from typing import Any, Dict, List, NamedTuple
+import math
+from typing import Any, Dict, List, NamedTuple, Optional
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch_geometric.nn.conv import MessagePassing
 
@@ -135,6 +141,40 @@ class SequentialEngine(Engine):
     folds the partial aggregates; no layer holds its whole halo."""
     name = "sequential"
     summary = "each layer aggregates one peer's rows at a time (SAR)"
+    budgets_memory = True
+
+    def __init__(self, ctx, model: torch.nn.Module,
+                 memory_budget: Optional[int] = None) -> None:
+        super().__init__(ctx, model, memory_budget)
+        self._left = memory_budget  # bytes of the budget no layer has taken
+        self._halo = 0  # the most halo rows of any rank: every rank decides alike
+        if memory_budget is not None:
+            halo = torch.tensor([ctx.data.num_halo], device=ctx.data.x.device)
+            if dist.is_initialized() and ctx.world_size > 1:
+                dist.all_reduce(halo, op=dist.ReduceOp.MAX, group=ctx.group)
+            self._halo = int(halo)
+
+    def materialises(self, state: LayerState, rows: List[Tensor]) -> bool:
+        r"""Whether :obj:`state`'s layer receives its whole halo at once,
+        decided at its first pass and kept: under a memory budget, when the
+        halo rows it exchanges (the most halo nodes of any rank times the
+        bytes of a row of :obj:`rows`, its source tensors) fit in what is
+        left of the budget, which the layers take from in the order they
+        first run. Such a layer runs as the gather engine runs it (faster:
+        one exchange and one aggregation, nothing fetched again in the
+        backward pass); every other layer one peer's rows at a time."""
+        if state.materialised is None:
+            need = self._halo * sum(math.prod(r.shape[1:]) * r.element_size() for r in rows)
+            state.materialised = self._left is not None and need <= self._left
+            if state.materialised:
+                self._left -= need
+        return state.materialised
+
+    def choices(self) -> Dict[str, str]:
+        r"""How each layer that ran aggregates with remote rows:
+        ``"materialised"`` (its whole halo at once) or ``"sequential"``."""
+        return {state.key: "materialised" if state.materialised else "sequential"
+                for state in self.layers if state.materialised is not None}
 
     @classmethod
     def check(cls, model: torch.nn.Module, exchange) -> None:
@@ -156,6 +196,8 @@ class SequentialEngine(Engine):
         Each rank transforms its own rows; every piece's sources travel
         transformed and its edges are scored by the deferred edge update."""
         state, ctx = state_of(layer), self.ctx
+        if self.materialises(state, [x]):
+            return super().attention_inputs(layer, x, edge_index, edge_attr)
         ctx.enter(state)
         if not ctx.is_local_graph(edge_index):
             raise NotImplementedError(
@@ -169,17 +211,19 @@ class SequentialEngine(Engine):
     def edge_updater(self, state: LayerState, edge_index, size, kwargs: Dict[str, Any]):
         r"""The per-edge values it would compute over the whole neighbourhood
         are computed per piece, inside propagate."""
-        if state.prepared:
+        if state.prepared or state.materialised:
             return state.module.pyg_edge_updater(edge_index, size=size, **kwargs)
         return Deferred(kwargs)
 
     def propagate(self, state: LayerState, edge_index, size, kwargs: Dict[str, Any]):
-        if state.spec.self_exchanging and not state.prepared:
+        if state.spec.self_exchanging and not state.prepared and not state.materialised:
             self.ctx.enter(state)
             return self._propagate(state, edge_index, size, kwargs)
         return super().propagate(state, edge_index, size, kwargs)
 
     def _propagate(self, state: LayerState, edge_index, size, kwargs: Dict[str, Any]):
+        if not state.plan_graph and self.materialises(state, _source_rows(state.module, kwargs)):
+            return super()._propagate(state, edge_index, size, kwargs)
         ctx, module = self.ctx, state.module
         call, state.calls = state.calls, state.calls + 1
         if state.plan_graph:  # already the plan's (an attention layer's)
@@ -218,6 +262,8 @@ class SequentialEngine(Engine):
 
     def aggregate(self, state: LayerState, key: str, x: Tensor, adj, run) -> Tensor:
         r"""GCN's aggregation over its normalised CSR, piece by piece."""
+        if self.materialises(state, [x]):
+            return super().aggregate(state, key, x, adj, run)
         ctx = self.ctx
         if not (isinstance(adj, Tensor) and adj.layout == torch.sparse_csr
                 and adj.size(1) == ctx.num_src and not adj.requires_grad):
@@ -230,6 +276,17 @@ class SequentialEngine(Engine):
             ctx, key, adj, [x], [],
             lambda piece, rows, _: run(piece.graph, rows[0], (piece.num_rows, num_inner)),
             "sum", state.module, (), linear=True)
+
+
+def _source_rows(module: MessagePassing, kwargs: Dict[str, Any]) -> List[Tensor]:
+    r"""The source-side node tensors of a propagate call: the rows it exchanges."""
+    rows = []
+    for name in source_args(module):
+        value = kwargs.get(name)
+        value = value[0] if isinstance(value, (tuple, list)) else value
+        if isinstance(value, Tensor) and value.dim() >= 1:
+            rows.append(value)
+    return rows
 
 
 def _refuse_attention_weights(module: MessagePassing, args, kwargs) -> None:

@@ -34,6 +34,10 @@ class LayerState:
     #: The graph it propagates over is the plan's already (an attention
     #: layer's, under the sequential engine).
     plan_graph: bool = False
+    #: Under the sequential engine with a memory budget: whether it receives
+    #: its whole halo at once (``True``) or one peer's rows at a time
+    #: (``False``); ``None`` until its first pass decides.
+    materialised: Optional[bool] = None
     #: ``message_and_aggregate`` for the running call, set by the engine
     #: (the per-node schedule's in-place backward); ``None``: the layer's.
     aggregation: Optional[Any] = None

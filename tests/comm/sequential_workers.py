@@ -265,3 +265,31 @@ def precomputed_first_layer(root: str):
                                    exchange="sequential", precompute_layer0=True)
     model(part.x, part.adj_t).sum().backward()
     return model.comm_stats.counts["sequential_layers"], model.dist_engine.name
+
+
+def budgeted(root: str):
+    r"""Two SGD steps of GCN, SAGE and GAT models under the sequential
+    exchange with memory budgets that let no layer, only the first (GCN's,
+    whose rows are :data:`HIDDEN` wide), only the second (:data:`OUT` wide)
+    or every layer receive its whole halo at once: per budget the steps,
+    each layer's choice and the layers aggregated piece by piece."""
+    import pyg_dist
+    part = pyg_dist.DistData.load(root, dist.get_rank())
+    n_id = part.n_id[:part.num_inner]
+    halo = torch.tensor([part.num_halo])
+    dist.all_reduce(halo, op=dist.ReduceOp.MAX)
+    row = int(halo) * 4  # bytes of one float column of the largest halo
+    budgets = {"none": 0, "first": HIDDEN * row, "second": OUT * row, "all": 10 ** 12}
+    out = {"n_id": n_id}
+    for name, form in (("GCNConv", "adj_t"), ("SAGEConv(mean)", "edge_index"),
+                       ("GATConv", "edge_index")):
+        for label, budget in budgets.items():
+            if name != "GCNConv" and label in ("first", "second"):
+                continue
+            model = pyg_dist.nn.distribute(build(name, part.num_features), part,
+                                           exchange="sequential", memory_budget=budget)
+            steps = train_steps(model, name, part.x, part[form], part.edge_attr, n_id,
+                                dist.all_reduce)
+            out[name, label] = (steps, model.dist_engine.choices(),
+                                model.comm_stats.counts.get("sequential_layers", 0))
+    return out

@@ -158,18 +158,50 @@ def test_a_precomputed_first_layer_stays_sequential(graph, tmp_path_factory):
         assert (layers, engine) == (2, "sequential")
 
 
-def test_training_matches_pyg(graph, tmp_path):
+def test_a_memory_budget_materialises_the_layers_that_fit(graph, tmp_path_factory, reference):
+    r"""Under a memory budget, the layers whose halo rows fit in what is left
+    of it receive them all at once and the others one peer's rows at a
+    time, in any mix (GCN: only the first layer, only the second), with
+    attention (GAT) and without; outputs and gradients of both SGD steps
+    equal single-process PyG's either way."""
+    root = _parts(graph, tmp_path_factory, 2)[0]
+    ranks = pyg_dist.spawn(workers.budgeted, 2, (root, ), timeout=180)
+    n_id = torch.cat([r["n_id"] for r in ranks])
+    expected = {"none": ("sequential", "sequential"), "first": ("materialised", "sequential"),
+                "second": ("sequential", "materialised"),
+                "all": ("materialised", "materialised")}
+    for (name, label), (_, choices, pieces) in ((k, v) for k, v in ranks[0].items()
+                                                if k != "n_id"):
+        form = workers.forms(name)[-1]
+        assert tuple(choices.values()) == expected[label], (name, label)
+        assert list(choices) == ["first", "second"]
+        # every pass of a sequential layer aggregated piece by piece, no other
+        assert pieces == workers.STEPS * expected[label].count("sequential"), (name, label)
+        for step, (out, grads) in enumerate(reference[name, form]):
+            got = torch.cat([r[name, label][0][step][0] for r in ranks])
+            what = f"{name}, budget '{label}', step {step}"
+            assert_fp32_close(got, out[n_id], msg=f"{what}: outputs")
+            assert_params_close(ranks[0][name, label][0][step][1], grads, msg=f"{what}: grad")
+    for r in ranks[1:]:  # every rank chose alike
+        assert all(r[k][1] == ranks[0][k][1] for k in r if k != "n_id")
+
+
+@pytest.mark.parametrize("budget", [None, 2 ** 30], ids=["sequential", "budget"])
+def test_training_matches_pyg(graph, tmp_path, budget):
     r"""``train()`` with ``--exchange sequential``: the trained parameters
     and the final loss equal single-process PyG's (GCN, so its whole-graph
-    normalisation is covered, through the trainer's own loop)."""
+    normalisation is covered, through the trainer's own loop); with a
+    memory budget every layer fits, and ``summary.json`` says so."""
     from pyg_dist.config import TrainConfig
     from pyg_dist.train import load_model, train_single_process
     from tests.comm.broadcast_workers import train_rank
     root, out = str(tmp_path / "parts"), str(tmp_path / "run")
     pyg_dist.partition_graph(graph, 2, root=root)
     config = TrainConfig(model="gcn", num_layers=2, hidden=16, dropout=0.0, epochs=4,
-                         progress=False, exchange="sequential")
+                         progress=False, exchange="sequential", memory_budget=budget)
     summary = pyg_dist.spawn(train_rank, 2, (root, config, out), timeout=120)[0]
+    assert summary["layer_aggregation"] == dict.fromkeys(
+        ("convs.0", "convs.1"), "sequential" if budget is None else "materialised")
     reference, ref_model = train_single_process(graph, config)
     assert_params_close(dict(load_model(out).named_parameters()),
                         dict(ref_model.named_parameters()), msg="parameter")
@@ -189,8 +221,15 @@ def test_config_refusals():
                          (dict(overlap="nodes"), "overlap='nodes'")):
         with pytest.raises(ValueError, match=word):
             TrainConfig(exchange="sequential", **kwargs).validate()
-    for kwargs in (dict(sampler="bns"), dict(overlap=True), dict(exchange_dtype="int8")):
+    for kwargs in (dict(sampler="bns"), dict(overlap=True), dict(exchange_dtype="int8"),
+                   dict(memory_budget=0), dict(memory_budget=2 ** 30)):
         TrainConfig(exchange="sequential", **kwargs).validate()
+    for exchange in ("halo", "broadcast"):
+        with pytest.raises(ValueError, match="memory_budget .* needs exchange='sequential'"):
+            TrainConfig(exchange=exchange, memory_budget=2 ** 20).validate()
+    for budget in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="memory_budget is a number of bytes"):
+            TrainConfig(exchange="sequential", memory_budget=budget).validate()
 
 
 class _Rounds:
