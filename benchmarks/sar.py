@@ -21,7 +21,11 @@ Systems (``--systems``):
 * ``pyg``: ``pyg_dist``'s default (the halo exchange);
 * ``pyg-pre``, ``pyg-seq-pre``: ``pyg`` and ``pyg-seq`` with
   ``--precompute-layer0`` (the first layer's aggregation of the input
-  features, which no step changes, computed once: exact).
+  features, which no step changes, computed once: exact);
+* ``pyg-seq-pre-budget``: ``pyg-seq-pre`` with ``--memory-budget``
+  (``--pyg-memory-budget``, default 16M): the layers whose halo rows fit
+  receive them at once, the others one peer's rows at a time (each run
+  records which: ``layer_aggregation``).
 
 ``summary[ranks]["fastest"]`` names each side's fastest system of the run,
 and ``ratios`` holds their ratio beside the fixed pairs.
@@ -116,7 +120,9 @@ FULL = {"num_nodes": 30000, "epochs": 10, "repeats": 3, "ranks": [1, 2, 4, 8], "
 SYSTEMS = {"sar": "SAR default (sequential + remat.)", "sar-oneshot": "SAR one-shot",
            "pyg-seq": "pyg_dist --exchange sequential", "pyg": "pyg_dist default (halo)",
            "pyg-pre": "pyg_dist --precompute-layer0",
-           "pyg-seq-pre": "pyg_dist --exchange sequential --precompute-layer0"}
+           "pyg-seq-pre": "pyg_dist --exchange sequential --precompute-layer0",
+           "pyg-seq-pre-budget": "pyg_dist --exchange sequential --precompute-layer0 "
+                                 "--memory-budget"}
 ONE_RANK = ("sar", "pyg", "pyg-pre")  # no exchange with one rank
 
 
@@ -419,10 +425,13 @@ def launch_sar(args, parts, weights, system: str, ranks: int, run_dir: str,
 def launch_pyg(args, parts, weights, system: str, ranks: int, run_dir: str, index: int,
                dropout: float, epochs: int,
                profile: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    from pyg_dist.cli import size_in_bytes
     from pyg_dist.utils.allocator import rank_environment
     config = model_config(args, weights["classes"], dropout=dropout, epochs=epochs,
                           exchange="sequential" if system.startswith("pyg-seq") else "halo",
-                          precompute_layer0=system.endswith("-pre"))
+                          precompute_layer0="-pre" in system,
+                          memory_budget=(size_in_bytes(args.pyg_memory_budget)
+                                         if system.endswith("-budget") else None))
     out = osp.join(run_dir, "out")
     spec = {"root": osp.abspath(parts["root"]), "config": config, "out": out,
             "weights": weights["pyg"], "run_dir": run_dir, "timeout": 600,
@@ -447,10 +456,15 @@ def launch_pyg(args, parts, weights, system: str, ranks: int, run_dir: str, inde
         rows = [json.loads(line) for line in f if line.strip()]
     epochs_out = [{"epoch": r["epoch"], "time": r["time"], "loss": r["loss"],
                    "peak_rss_per_rank": r.get("peak_mem_per_rank"),
+                   "baseline_rss_per_rank": r.get("baseline_mem_per_rank"),
+                   "code_per_rank": r.get("code_mem_per_rank"),
                    "time_comm": r.get("time_comm"), "time_reduce": r.get("time_reduce")}
                   for r in rows]
     from pyg_dist.train import load_model
+    summary = _read_json(osp.join(out, "summary.json"))
     return {"epochs": epochs_out, "state": load_model(out).state_dict(),
+            "engine": summary.get("engine"),
+            "layer_aggregation": summary.get("layer_aggregation"),
             "polled_peak_rss_per_rank": [peaks.get(i["pid"], {}).get("VmHWM") for i in infos],
             "ranks_info": infos}
 
@@ -493,6 +507,11 @@ def run_one(args, data, parts, weights, system: str, ranks: int, index: int,
     state = result.pop("state")
     timed_epochs = result["epochs"][args.skip:] or result["epochs"]
     peak = [max(e["peak_rss_per_rank"][r] for e in result["epochs"]) for r in range(ranks)]
+    if all(e.get("baseline_rss_per_rank") for e in result["epochs"]):
+        # what training adds to a rank's resident set (pyg_dist's metrics)
+        record["training_rss_per_rank_mib"] = [
+            round(max(e["peak_rss_per_rank"][r] - e["baseline_rss_per_rank"][r]
+                      for e in result["epochs"]) / MiB, 1) for r in range(ranks)]
     record.update(ok=True, **result,
                   s_per_epoch=statistics.median(e["time"] for e in timed_epochs),
                   epoch_times=[e["time"] for e in result["epochs"]],
@@ -555,13 +574,19 @@ def summarize(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
                        peak_rss_per_rank_mib_range=[min(peak), max(peak)],
                        polled_peak_rss_per_rank_mib_median=(statistics.median(polled)
                                                             if polled else None),
+                       **({"training_rss_per_rank_mib_median": statistics.median(
+                               max(r["training_rss_per_rank_mib"]) for r in ok),
+                           "training_rss_all_ranks_mib_median": statistics.median(
+                               sum(r["training_rss_per_rank_mib"]) for r in ok)}
+                          if all("training_rss_per_rank_mib" in r for r in ok) else {}),
                        test_acc_mean=statistics.mean(r["test_acc"] for r in ok),
                        test_acc_range=[min(r["test_acc"] for r in ok),
                                        max(r["test_acc"] for r in ok)],
                        loadavg_before=[r["loadavg_before"][0] for r in ok],
                        loadavg_after=[r["loadavg_after"][0] for r in ok])
         pairs = [("pyg-seq", "sar"), ("pyg", "sar-oneshot"), ("pyg", "sar"),
-                 ("pyg-pre", "sar"), ("pyg-pre", "sar-oneshot"), ("pyg-seq-pre", "sar")]
+                 ("pyg-pre", "sar"), ("pyg-pre", "sar-oneshot"), ("pyg-seq-pre", "sar"),
+                 ("pyg-seq-pre-budget", "sar"), ("pyg-seq-pre-budget", "sar-oneshot")]
         # each side at its fastest configuration of this run
         fastest = [min((s for s in by_system if s.startswith(side) and "runs" in by_system[s]),
                        key=lambda s: by_system[s]["s_per_epoch_median"], default=None)
@@ -631,7 +656,10 @@ def bench(args, data, weights) -> int:
             "memory": "peak_rss_per_rank: VmHWM of each epoch's step window (reset by "
                       "/proc/self/clear_refs at its start), max over epochs; "
                       "polled_peak_rss_per_rank: max VmHWM polled from /proc by the driver "
-                      "over the rank process' life (set-up included)",
+                      "over the rank process' life (set-up included); pyg_dist only: "
+                      "training_rss_per_rank: per rank, max over epochs of the window's "
+                      "peak minus the RSS once partition and model were loaded "
+                      "(baseline_mem_per_rank of metrics.jsonl)",
             "threads": "OMP_NUM_THREADS=1 and MKL_NUM_THREADS=1 for every rank; torch "
                        "threads 1 on both sides",
             "allocator": "as each system comes: pyg_dist's default (malloc reuse, with the "
@@ -842,7 +870,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--data-seed", type=int, default=0)
     parser.add_argument("--ranks", type=_ints, help="rank counts, e.g. 1,2,4,8")
     parser.add_argument("--systems", type=lambda t: t.split(","),
-                        default=["sar", "pyg-seq", "sar-oneshot", "pyg", "pyg-pre", "pyg-seq-pre"],
+                        default=["sar", "pyg-seq", "sar-oneshot", "pyg", "pyg-pre", "pyg-seq-pre",
+                                 "pyg-seq-pre-budget"],
                         help=f"the runs of a repeat, in order: {', '.join(SYSTEMS)}")
     parser.add_argument("--epochs", type=int)
     parser.add_argument("--skip", type=int, help="first epochs left out of the median")
@@ -857,6 +886,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--agreement-epochs", type=int, default=3)
     parser.add_argument("--profile-warmup", type=int)
     parser.add_argument("--profile-steps", type=int)
+    parser.add_argument("--pyg-memory-budget", default="16M",
+                        help="pyg-dist train --memory-budget of the -budget systems")
     parser.add_argument("--max-load", type=float, default=1.5)
     parser.add_argument("--load-wait", type=float, default=1200,
                         help="seconds of waiting for the load, in all")

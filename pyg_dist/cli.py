@@ -52,7 +52,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                         "loader and sampler only); sequential: one peer's rows at a time, "
                         "re-fetched in the backward pass (SAR: memory per rank falls with "
                         "the ranks; full loader, exact cache)")
-    p.add_argument("--memory-budget", type=_bytes, default=None, metavar="SIZE",
+    p.add_argument("--memory-budget", type=size_in_bytes, default=None, metavar="SIZE",
                    help="with --exchange sequential: the halo rows layers may receive at "
                         "once, in bytes (K, M, G: KiB, MiB, GiB); a layer whose rows fit "
                         "in what is left receives its whole halo at once (faster), the "
@@ -494,7 +494,7 @@ def _balance_names(text: str) -> tuple:
 _UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
 
 
-def _bytes(text: str) -> int:
+def size_in_bytes(text: str) -> int:
     r"""An argparse type: a size in bytes, ``"1500000"``, ``"512M"`` or
     ``"1.5G"`` (binary units; a trailing ``B`` or ``iB`` is allowed)."""
     core = text.strip().upper().removesuffix("IB").removesuffix("B")
