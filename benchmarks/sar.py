@@ -27,6 +27,9 @@ Systems (``--systems``):
   receive them at once, the others one peer's rows at a time (each run
   records which: ``layer_aggregation``).
 
+Any ``pyg-FLAG-...`` name runs pyg_dist with those flags (:data:`PYG_FLAGS`;
+``pyg-pre-overlap``: ``--precompute-layer0 --overlap``).
+
 ``summary[ranks]["fastest"]`` names each side's fastest system of the run,
 and ``ratios`` holds their ratio beside the fixed pairs.
 
@@ -122,7 +125,23 @@ SYSTEMS = {"sar": "SAR default (sequential + remat.)", "sar-oneshot": "SAR one-s
            "pyg-pre": "pyg_dist --precompute-layer0",
            "pyg-seq-pre": "pyg_dist --exchange sequential --precompute-layer0",
            "pyg-seq-pre-budget": "pyg_dist --exchange sequential --precompute-layer0 "
-                                 "--memory-budget"}
+                                 "--memory-budget",
+           "pyg-pre-overlap": "pyg_dist --precompute-layer0 --overlap"}
+#: A pyg_dist system's name: ``pyg`` and its flags, in any order.
+PYG_FLAGS = {"seq": "--exchange sequential", "pre": "--precompute-layer0",
+             "budget": "--memory-budget", "overlap": "--overlap"}
+
+
+def label(system: str) -> str:
+    r"""What a system is, in the tables."""
+    return SYSTEMS.get(system) or "pyg_dist " + " ".join(PYG_FLAGS[f] for f in pyg_flags(system))
+
+
+def pyg_flags(system: str) -> List[str]:
+    r"""The flags a pyg_dist system's name gives (``pyg-seq-pre``: seq, pre)."""
+    return system.split("-")[1:]
+
+
 ONE_RANK = ("sar", "pyg", "pyg-pre")  # no exchange with one rank
 
 
@@ -427,11 +446,12 @@ def launch_pyg(args, parts, weights, system: str, ranks: int, run_dir: str, inde
                profile: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     from pyg_dist.cli import size_in_bytes
     from pyg_dist.utils.allocator import rank_environment
+    flags = pyg_flags(system)
     config = model_config(args, weights["classes"], dropout=dropout, epochs=epochs,
-                          exchange="sequential" if system.startswith("pyg-seq") else "halo",
-                          precompute_layer0="-pre" in system,
+                          exchange="sequential" if "seq" in flags else "halo",
+                          precompute_layer0="pre" in flags, overlap="overlap" in flags,
                           memory_budget=(size_in_bytes(args.pyg_memory_budget)
-                                         if system.endswith("-budget") else None))
+                                         if "budget" in flags else None))
     out = osp.join(run_dir, "out")
     spec = {"root": osp.abspath(parts["root"]), "config": config, "out": out,
             "weights": weights["pyg"], "run_dir": run_dir, "timeout": 600,
@@ -608,7 +628,7 @@ def table(summary: Dict[str, Any], systems: List[str]) -> str:
     r"""The markdown table: per rank count and system, the median epoch
     (range), the median peak RSS per rank, the test accuracy and the load
     averages the runs started at."""
-    head = "| ranks | " + " | ".join(SYSTEMS[s] for s in systems) + " |"
+    head = "| ranks | " + " | ".join(label(s) for s in systems) + " |"
     lines = [head, "|---|" + "---|" * len(systems)]
     for ranks, by_system in sorted(summary.items(), key=lambda kv: int(kv[0])):
         cells = []
@@ -648,7 +668,7 @@ def bench(args, data, weights) -> int:
                      "optimizer": f"Adam lr {args.lr}", "epochs": args.epochs,
                      "loss": "cross-entropy summed over a rank's training nodes / all "
                              "ranks' training nodes; gradients summed over ranks",
-                     "systems": {s: SYSTEMS[s] for s in args.systems}},
+                     "systems": {s: label(s) for s in args.systems}},
         "method": {
             "timing": f"per epoch the max over ranks of the step (forward, backward, "
                       f"gradient all-reduce, optimiser); per run the median of epochs "
@@ -812,7 +832,8 @@ def profile(args, data, weights) -> int:
             subprocess.run([args.sar_python, RANK_SCRIPT, "profile", "--spec", spec_path,
                             "--out", raw_path], check=True, env=env, cwd=REPO)
         else:
-            launch_pyg(args, parts, weights, "pyg", 1, run_dir, 0, args.dropout,
+            out["pyg_system"] = label(args.profile_system)
+            launch_pyg(args, parts, weights, args.profile_system, 1, run_dir, 0, args.dropout,
                        warmup + steps, profile={"warmup": warmup, "steps": steps,
                                                 "out": raw_path})
         out["loadavg"][system]["after"] = _loadavg()
@@ -872,7 +893,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--systems", type=lambda t: t.split(","),
                         default=["sar", "pyg-seq", "sar-oneshot", "pyg", "pyg-pre", "pyg-seq-pre",
                                  "pyg-seq-pre-budget"],
-                        help=f"the runs of a repeat, in order: {', '.join(SYSTEMS)}")
+                        help=f"the runs of a repeat, in order: {', '.join(SYSTEMS)}, or "
+                             f"pyg-FLAG-FLAG... ({', '.join(PYG_FLAGS)})")
     parser.add_argument("--epochs", type=int)
     parser.add_argument("--skip", type=int, help="first epochs left out of the median")
     parser.add_argument("--repeats", type=int)
@@ -886,6 +908,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--agreement-epochs", type=int, default=3)
     parser.add_argument("--profile-warmup", type=int)
     parser.add_argument("--profile-steps", type=int)
+    parser.add_argument("--profile-system", default="pyg",
+                        help="the pyg_dist system profiled (one rank), e.g. pyg-pre")
     parser.add_argument("--pyg-memory-budget", default="16M",
                         help="pyg-dist train --memory-budget of the -budget systems")
     parser.add_argument("--max-load", type=float, default=1.5)
@@ -902,7 +926,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    unknown = [s for s in args.systems if s not in SYSTEMS]
+    unknown = [s for s in args.systems if s not in SYSTEMS and not (
+        s.startswith("pyg-") and set(pyg_flags(s)) <= set(PYG_FLAGS))]
     if unknown:
         parser.error(f"unknown system(s) {unknown}: {', '.join(SYSTEMS)}")
     args.sar_python = osp.join(osp.abspath(args.sar_env), "bin", "python")

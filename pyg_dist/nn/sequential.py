@@ -138,7 +138,8 @@ class SequentialEngine(Engine):
     update) runs on each piece of the plan's graph, given that piece's
     source rows and the inner nodes as targets (bipartite), and the
     exchange (:meth:`~pyg_dist.comm.exchange.Exchange.aggregate_pieces`)
-    folds the partial aggregates; no layer holds its whole halo."""
+    folds the partial aggregates; no layer holds its whole halo, unless
+    a memory budget lets it (:meth:`materialises`)."""
     name = "sequential"
     summary = "each layer aggregates one peer's rows at a time (SAR)"
     budgets_memory = True
@@ -160,9 +161,9 @@ class SequentialEngine(Engine):
         halo rows it exchanges (the most halo nodes of any rank times the
         bytes of a row of :obj:`rows`, its source tensors) fit in what is
         left of the budget, which the layers take from in the order they
-        first run. Such a layer runs as the gather engine runs it (faster:
-        one exchange and one aggregation, nothing fetched again in the
-        backward pass); every other layer one peer's rows at a time."""
+        first run. Such a layer runs as the gather engine runs it (one
+        exchange and one aggregation, nothing fetched again in the backward
+        pass); every other layer one peer's rows at a time."""
         if state.materialised is None:
             need = self._halo * sum(math.prod(r.shape[1:]) * r.element_size() for r in rows)
             state.materialised = self._left is not None and need <= self._left

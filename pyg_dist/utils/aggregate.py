@@ -121,6 +121,7 @@ class _Aggregate(torch.autograd.Function):
         # built before the aggregation's output, not in backward beside
         # every activation: its edge-sized temporaries stay off the peak
         ctx.adj_t = transposed(adj, reduce)
+        column_blocks(ctx.adj_t, "sum")  # the backward's blocks, for the same reason
         return product(adj, x, reduce)
 
     @staticmethod
@@ -131,9 +132,10 @@ class _Aggregate(torch.autograd.Function):
 #: The columns of one block of :func:`column_blocks`: 4 MiB of 128 float
 #: features, measured on one thread of an AMD EPYC (1 MiB L2 a core, 32 MiB
 #: L3 shared) on ``reddit_shaped(num_nodes=30000)`` (3M entries): 128 wide
-#: 2.4x as fast as one pass (61 against 144 ms), 256 wide 2.2x, 41 wide the
-#: same (30 against 29 ms). Fixed, not chosen per width, so that a graph
-#: keeps one set of blocks and its sums are the same in every use.
+#: 2.4x as fast as one pass (61 against 144 ms), 41 wide the same (30
+#: against 29 ms). Fixed, not chosen per
+#: width, so that a graph keeps one set of blocks and its sums are the same
+#: in every use.
 BLOCK_COLUMNS = 8192
 
 
@@ -164,7 +166,8 @@ def column_blocks(adj: Tensor, reduce: str = "sum",
     default width); a mean's blocks share their indices with a sum's. The
     indices are 32-bit where they fit (torch's forward reduction gives the
     same sums, bit for bit, as with 64-bit ones): a graph's blocks take 8
-    bytes an entry, with its kept transpose's 16 more."""
+    bytes an entry besides the graph (4 of column, 4 of value), its kept
+    transpose's as many."""
     columns = BLOCK_COLUMNS if columns is None else columns
     if adj.size(1) <= columns:
         return None

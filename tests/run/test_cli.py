@@ -224,3 +224,11 @@ def test_neighbor_loader_end_to_end(tmp_path, cli):
     summary = json.load(open(os.path.join(out, "summary.json")))
     assert summary["test_acc"] > 0.25  # 10 classes: chance is 0.1
     assert summary["config"]["fanout"] == [10, 5, 5]
+
+
+@pytest.mark.parametrize("text, expected", [("0", 0), ("4096", 4096), ("512K", 512 << 10),
+                                            ("16M", 16 << 20), ("1.5G", 3 << 29),
+                                            ("2GiB", 2 << 30), ("3mb", 3 << 20)])
+def test_memory_budget_sizes(text, expected):
+    from pyg_dist.cli import size_in_bytes
+    assert size_in_bytes(text) == expected
