@@ -871,6 +871,13 @@ def profile_table(out: Dict[str, Any]) -> str:
 
 # --------------------------------------------------------------------------- #
 
+def _size(text: str) -> str:
+    r"""A --memory-budget value, checked as pyg-dist train checks it (kept as given)."""
+    from pyg_dist.cli import size_in_bytes
+    size_in_bytes(text)
+    return text
+
+
 def _ints(text: str) -> List[int]:
     return [int(k) for k in text.split(",") if k]
 
@@ -910,7 +917,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--profile-steps", type=int)
     parser.add_argument("--profile-system", default="pyg",
                         help="the pyg_dist system profiled (one rank), e.g. pyg-pre")
-    parser.add_argument("--pyg-memory-budget", default="16M",
+    parser.add_argument("--pyg-memory-budget", default="16M", type=_size,
                         help="pyg-dist train --memory-budget of the -budget systems")
     parser.add_argument("--max-load", type=float, default=1.5)
     parser.add_argument("--load-wait", type=float, default=1200,

@@ -504,8 +504,8 @@ def size_in_bytes(text: str) -> int:
     except ValueError:
         value = None
     if value is None or not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"--memory-budget is a size in bytes, 0 or more, "
-                                         f"e.g. 512M or 1.5G (got '{text}')")
+        raise argparse.ArgumentTypeError(f"a size in bytes, 0 or more, e.g. 512M or 1.5G "
+                                         f"(got '{text}')")
     return int(value)
 
 

@@ -283,7 +283,7 @@ class HaloContext:
         if self.plan.is_exact:
             return keep_transpose(self.plan.adjacency(aggr, fused))
         with self.stats.timer("sample"):  # building a sampled graph is plan building
-            return keep_transpose(self.plan.adjacency(aggr, fused))
+            return keep_transpose(self.plan.adjacency(aggr, fused), blocks=False)
 
     def propagate_args(self, module, edge_index, kwargs: Dict[str, Any],
                        sources: List[str]) -> Tuple[Any, Optional[Tensor], Dict[str, Any]]:

@@ -147,23 +147,29 @@ class SequentialEngine(Engine):
     def __init__(self, ctx, model: torch.nn.Module,
                  memory_budget: Optional[int] = None) -> None:
         super().__init__(ctx, model, memory_budget)
-        self._left = memory_budget  # bytes of the budget no layer has taken
-        self._halo = 0  # the most halo rows of any rank: every rank decides alike
-        if memory_budget is not None:
-            halo = torch.tensor([ctx.data.num_halo], device=ctx.data.x.device)
-            if dist.is_initialized() and ctx.world_size > 1:
-                dist.all_reduce(halo, op=dist.ReduceOp.MAX, group=ctx.group)
-            self._halo = int(halo)
+        # Every rank must choose alike (the two exchanges' collectives differ):
+        # the most halo rows of any rank, the smallest budget (none where any
+        # rank has none), agreed in one all-reduce of (halo, -budget).
+        agreed = torch.tensor([ctx.data.num_halo, 1 if memory_budget is None
+                               else -memory_budget], device=ctx.data.x.device)
+        if dist.is_initialized() and ctx.world_size > 1:
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=ctx.group)
+        self._halo = int(agreed[0])
+        self.memory_budget = None if agreed[1] > 0 else -int(agreed[1])
+        self._left = self.memory_budget  # bytes of the budget no layer has taken
 
     def materialises(self, state: LayerState, rows: List[Tensor]) -> bool:
         r"""Whether :obj:`state`'s layer receives its whole halo at once,
         decided at its first pass and kept: under a memory budget, when the
-        halo rows it exchanges (the most halo nodes of any rank times the
-        bytes of a row of :obj:`rows`, its source tensors) fit in what is
-        left of the budget, which the layers take from in the order they
-        first run. Such a layer runs as the gather engine runs it (one
-        exchange and one aggregation, nothing fetched again in the backward
-        pass); every other layer one peer's rows at a time."""
+        halo rows it receives in one propagate call (the most halo nodes of
+        any rank times the bytes of a row of :obj:`rows`, its source
+        tensors) fit in what is left of the budget, which the layers take
+        from in the order they first run (a precomputed first layer's pass
+        too, whose rows are the input features). Such a layer runs as the
+        gather engine runs it (one exchange and one aggregation, nothing
+        fetched again in the backward pass); every other layer one peer's
+        rows at a time. The budget counts received rows only, not what the
+        layer computes from them."""
         if state.materialised is None:
             need = self._halo * sum(math.prod(r.shape[1:]) * r.element_size() for r in rows)
             state.materialised = self._left is not None and need <= self._left

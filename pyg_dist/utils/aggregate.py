@@ -87,18 +87,21 @@ def _derived(adj: Tensor) -> dict:
     return found
 
 
-def keep_transpose(adj, transpose: Optional[Tensor] = None):
+def keep_transpose(adj, transpose: Optional[Tensor] = None, blocks: bool = True):
     r"""Marks :obj:`adj` (a graph every layer of a pass aggregates over, a
     plan's) to keep its transpose for :func:`spmm`'s backward (:obj:`transpose`:
-    that transpose, known already); returns it."""
+    that transpose, known already); returns it. :obj:`blocks`: whether it
+    lives long enough to pay for its :func:`column_blocks` (a sampled plan's
+    graph, new every step, does not: measured only on the exact plan's), no
+    for a piece with its transpose given (used for one round)."""
     if isinstance(adj, Tensor) and adj.layout == torch.sparse_csr:
         derived = _derived(adj)
         derived["keep"] = True
         if transpose is not None:
-            # a piece of a graph, with a slice of the graph's transpose: used
-            # for one round, too briefly to pay for column blocks
             derived["sum"] = transpose
-            derived["one pass"] = _derived(transpose)["one pass"] = True
+            _derived(transpose)["one pass"] = True
+        if transpose is not None or not blocks:
+            derived["one pass"] = True
     return adj
 
 
@@ -133,15 +136,20 @@ class _Aggregate(torch.autograd.Function):
 #: features, measured on one thread of an AMD EPYC (1 MiB L2 a core, 32 MiB
 #: L3 shared) on ``reddit_shaped(num_nodes=30000)`` (3M entries): 128 wide
 #: 2.4x as fast as one pass (61 against 144 ms), 41 wide the same (30
-#: against 29 ms). Fixed, not chosen per
-#: width, so that a graph keeps one set of blocks and its sums are the same
-#: in every use.
+#: against 29 ms). Fixed, not chosen per width, so that a graph keeps one
+#: set of blocks and its sums are the same in every use.
 BLOCK_COLUMNS = 8192
+
+#: The entries a block's row must hold on average for the block to pay: each
+#: block writes a whole output (rows x features) that the next is added to,
+#: beside its entries' gathers (a sparse graph of millions of rows, a few
+#: entries a row, multiplies in one pass).
+BLOCK_ROW_ENTRIES = 8
 
 
 def product(adj: Tensor, x: Tensor, reduce: str = "sum") -> Tensor:
     r""":math:`\mathbf{A}\mathbf{X}` (a sum, or a mean over each row's
-    entries) of a kept graph, by column blocks where it has more than one
+    entries) of a kept graph, by column blocks where they pay
     (:func:`column_blocks`), otherwise in one pass of torch's reduction
     kernel. No gradient flows through it."""
     blocks = column_blocks(adj, reduce)
@@ -160,38 +168,53 @@ def column_blocks(adj: Tensor, reduce: str = "sum",
     columns (default :data:`BLOCK_COLUMNS`), ``(first column, block)`` in
     column order, with every entry :math:`a_{ij}` divided by its row's count
     :math:`\max(c_i, 1)` for ``reduce="mean"``: :math:`\mathbf{A}\mathbf{X}
-    = \sum_k \mathbf{A}_k \mathbf{X}_k`. ``None`` for a graph of one block.
+    = \sum_k \mathbf{A}_k \mathbf{X}_k`. ``None`` where blocks do not pay:
+    one block, fewer than :data:`BLOCK_ROW_ENTRIES` entries a row and block
+    on average, or a graph marked to multiply in one pass
+    (:func:`keep_transpose`).
 
     Built once and kept as long as :obj:`adj` lives (when it is of the
     default width); a mean's blocks share their indices with a sum's. The
     indices are 32-bit where they fit (torch's forward reduction gives the
     same sums, bit for bit, as with 64-bit ones): a graph's blocks take 8
-    bytes an entry besides the graph (4 of column, 4 of value), its kept
-    transpose's as many."""
+    bytes an entry besides the graph (4 of column, 4 of value) and 4 a row
+    and block (at most half a byte an entry)."""
     columns = BLOCK_COLUMNS if columns is None else columns
-    if adj.size(1) <= columns:
+    num_blocks = -(-adj.size(1) // columns)
+    if num_blocks < 2 or num_blocks * adj.size(0) * BLOCK_ROW_ENTRIES > adj.values().numel():
         return None
-    keep = columns == BLOCK_COLUMNS
-    derived = _derived(adj) if keep else {}
+    derived = _derived(adj) if columns == BLOCK_COLUMNS else {}
     if derived.get("one pass"):
         return None
-    key = ("blocks", reduce)
-    found = derived.get(key)
-    if found is not None:
-        return found
-    other = derived.get(("blocks", "mean" if reduce == "sum" else "sum"))
-    crow, col, values = adj.crow_indices(), adj.col_indices(), adj.values()
-    count = crow.diff()
-    if reduce == "mean":
-        values = values / count.clamp(min=1).to(values.dtype).repeat_interleave(
-            count, output_size=col.numel())
-    small = max(adj.size(0), col.numel()) < 2 ** 31
-    index = torch.int32 if small else torch.long
+    found = derived.get(("blocks", reduce))
+    if found is None:
+        other = derived.get(("blocks", "mean" if reduce == "sum" else "sum"))
+        found = derived[("blocks", reduce)] = _cut(adj, _values(adj, reduce), columns, other)
+    return found
+
+
+def _values(adj: Tensor, reduce: str) -> Tensor:
+    r""":obj:`adj`'s values, for a mean each divided by its row's count."""
+    values = adj.values()
+    if reduce != "mean":
+        return values
+    count = adj.crow_indices().diff()
+    return values / count.clamp(min=1).to(values.dtype).repeat_interleave(
+        count, output_size=values.numel())
+
+
+def _cut(adj: Tensor, values: Tensor, columns: int,
+         other: Optional[List[Tuple[int, Tensor]]]) -> List[Tuple[int, Tensor]]:
+    r"""The column blocks of :obj:`adj` with :obj:`values`; on the indices of
+    :obj:`other` (the same graph's blocks for the other reduction) where
+    given."""
+    crow, col = adj.crow_indices(), adj.col_indices()
+    index = torch.int32 if max(adj.size(0), col.numel()) < 2 ** 31 else torch.long
     row = None
     found = []
     for k, start in enumerate(range(0, adj.size(1), columns)):
         stop = min(start + columns, adj.size(1))
-        at = ((col >= start) & (col < stop)).nonzero().squeeze(1)
+        at = ((col >= start) & (col < stop)).nonzero().squeeze(1)  # in row order
         if other is not None:  # the same entries: the other's indices, these values
             block = other[k][1]
             found.append((start, csr_tensor(block.crow_indices(), block.col_indices(),
@@ -200,11 +223,10 @@ def column_blocks(adj: Tensor, reduce: str = "sum",
         if row is None:
             row = torch.repeat_interleave(torch.arange(adj.size(0), dtype=index,
                                                        device=col.device),
-                                          count, output_size=col.numel())
-        block_crow = row_pointers(row[at], adj.size(0)).to(index)
-        found.append((start, csr_tensor(block_crow, (col[at] - start).to(index), values[at],
+                                          crow.diff(), output_size=col.numel())
+        found.append((start, csr_tensor(row_pointers(row[at], adj.size(0)).to(index),
+                                        (col[at] - start).to(index), values[at],
                                         (adj.size(0), stop - start))))
-    derived[key] = found
     return found
 
 
@@ -231,6 +253,8 @@ def transposed(adj: Tensor, reduce: str = "sum") -> Tensor:
         # entry (j, i) of the transpose is a_ij: divided by row i's count
         found = csr_tensor(plain.crow_indices(), plain.col_indices(),
                            plain.values() / count[plain.col_indices()], plain.shape)
+    if derived.get("one pass"):  # as the graph it is the transpose of
+        _derived(found)["one pass"] = True
     derived[reduce] = found
     return found
 

@@ -162,17 +162,20 @@ def test_a_memory_budget_materialises_the_layers_that_fit(graph, tmp_path_factor
     r"""Under a memory budget, the layers whose halo rows fit in what is left
     of it receive them all at once and the others one peer's rows at a
     time, in any mix (GCN: only the first layer, only the second), with
-    attention (GAT) and without; outputs and gradients of both SGD steps
-    equal single-process PyG's either way."""
+    attention (GAT) and without; ranks given different budgets choose
+    alike (the smallest); outputs and gradients of both SGD steps equal
+    single-process PyG's either way."""
     root = _parts(graph, tmp_path_factory, 2)[0]
     ranks = pyg_dist.spawn(workers.budgeted, 2, (root, ), timeout=180)
     n_id = torch.cat([r["n_id"] for r in ranks])
     expected = {"none": ("sequential", "sequential"), "first": ("materialised", "sequential"),
                 "second": ("sequential", "materialised"),
-                "all": ("materialised", "materialised")}
+                "all": ("materialised", "materialised"),
+                "one rank none": ("sequential", "sequential"),
+                "one rank 0": ("sequential", "sequential")}
     for (name, label), (_, choices, pieces) in ((k, v) for k, v in ranks[0].items()
                                                 if k != "n_id"):
-        form = workers.forms(name)[-1]
+        form = workers.BUDGETED[name]
         assert tuple(choices.values()) == expected[label], (name, label)
         assert list(choices) == ["first", "second"]
         # every pass of a sequential layer aggregated piece by piece, no other

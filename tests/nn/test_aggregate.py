@@ -135,8 +135,31 @@ def test_unmarked_and_gradient_free_graphs_keep_nothing():
     assert kept(marked, "sum") is None
 
 
+@pytest.fixture
+def small_blocks(monkeypatch):
+    r"""Blocks of 16 columns, whatever their rows hold: a small graph cut as a
+    large one is."""
+    monkeypatch.setattr(aggregate, "BLOCK_COLUMNS", 16)
+    monkeypatch.setattr(aggregate, "BLOCK_ROW_ENTRIES", 0)
+
+
+def _kernel_calls(fn) -> int:
+    r"""How many times :obj:`fn` runs torch's sparse reduction kernel."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    calls = []
+    with Ops():
+        fn()
+    return calls.count("_sparse_mm_reduce_impl.default")
+
+
 @pytest.mark.parametrize("reduce", ["sum", "mean"])
-def test_column_blocks_hold_every_entry_once_and_multiply_as_the_graph(reduce):
+def test_column_blocks_hold_every_entry_once_and_multiply_as_the_graph(reduce, small_blocks):
     adj = _adjacency(60, 80, 400, seed=6)
     count = adj.crow_indices().diff()
     blocks = column_blocks(adj, reduce, columns=16)
@@ -153,8 +176,8 @@ def test_column_blocks_hold_every_entry_once_and_multiply_as_the_graph(reduce):
 
 
 @pytest.mark.parametrize("reduce", ["sum", "mean"])
-def test_a_kept_graph_wider_than_a_block_multiplies_by_blocks_and_equals_pyg(reduce, monkeypatch):
-    monkeypatch.setattr(aggregate, "BLOCK_COLUMNS", 16)
+def test_a_kept_graph_wider_than_a_block_multiplies_by_blocks_and_equals_pyg(reduce,
+                                                                             small_blocks):
     adj = keep_transpose(_adjacency(60, 80, 400, seed=7))
     x = torch.randn(80, 7, requires_grad=True)
     grad = torch.randn(60, 7)
@@ -164,28 +187,53 @@ def test_a_kept_graph_wider_than_a_block_multiplies_by_blocks_and_equals_pyg(red
     got, = torch.autograd.grad(out, x, grad)
     assert_fp32_close(out, expected)
     assert_fp32_close(got, expected_grad)
-    # forward over the graph's blocks, backward over its transpose's (60 columns: 4 blocks)
-    assert len(column_blocks(adj, reduce)) == 5
-    assert len(column_blocks(transposed(adj, reduce), "sum")) == 4
+    # forward over the graph's 5 blocks, backward over its transpose's 4 (60 columns)
+    assert _kernel_calls(lambda: torch.autograd.grad(spmm(adj, x, reduce), x, grad)) == 5 + 4
     blocks = column_blocks(adj, reduce)
     again = spmm(adj, x, reduce)
     assert column_blocks(adj, reduce) is blocks  # kept, and the sums the same every use
     assert torch.equal(again, out)
     assert torch.equal(torch.autograd.grad(again, x, grad)[0], got)
     with torch.no_grad():  # evaluation takes the same blocks
+        assert _kernel_calls(lambda: spmm(adj, x, reduce)) == 5
         assert torch.equal(spmm(adj, x, reduce), out)
 
 
-def test_a_piece_multiplies_in_one_pass(monkeypatch):
-    # a piece of the sequential exchange lives one round: no blocks are built for it
+def test_a_mean_after_a_sum_shares_the_blocks_indices(small_blocks):
+    adj = keep_transpose(_adjacency(60, 80, 400, seed=9))
+    x = torch.randn(80, 7)
+    for reduce in ("sum", "mean"):
+        assert_fp32_close(spmm(adj, x, reduce), pyg_spmm(adj, x, reduce))
+    for (_, plain), (_, mean) in zip(column_blocks(adj, "sum"), column_blocks(adj, "mean")):
+        assert plain.col_indices().data_ptr() == mean.col_indices().data_ptr()
+        assert plain.crow_indices().data_ptr() == mean.crow_indices().data_ptr()
+
+
+def test_blocks_only_where_they_pay(monkeypatch):
+    # a graph whose blocks' rows would average fewer entries than BLOCK_ROW_ENTRIES
+    # multiplies in one pass: each block writes a whole output
     monkeypatch.setattr(aggregate, "BLOCK_COLUMNS", 16)
+    adj = keep_transpose(_adjacency(60, 80, 400, seed=10))  # 5 blocks, 1.3 entries a row
+    x = torch.randn(80, 7)
+    assert column_blocks(adj) is None
+    assert _kernel_calls(lambda: spmm(adj, x)) == 1
+    monkeypatch.setattr(aggregate, "BLOCK_ROW_ENTRIES", 1)
+    assert len(column_blocks(adj)) == 5
+
+
+def test_a_piece_and_a_sampled_graph_multiply_in_one_pass(small_blocks):
+    # a piece of the sequential exchange lives one round, a sampled plan's graph
+    # one step: no blocks are built for them or their transposes
     whole = _adjacency(80, 60, 400, seed=8)
     piece = keep_transpose(_adjacency(60, 80, 400, seed=8), whole)
-    x = torch.randn(80, 7, requires_grad=True)
-    out = spmm(piece, x)
-    torch.autograd.grad(out, x, torch.randn(60, 7))
-    assert column_blocks(piece) is None and column_blocks(whole) is None
-    assert_fp32_close(out, pyg_spmm(piece, x))
+    sampled = keep_transpose(_adjacency(60, 80, 400, seed=11), blocks=False)
+    for adj in (piece, sampled):
+        x = torch.randn(80, 7, requires_grad=True)
+        out = spmm(adj, x)
+        assert _kernel_calls(lambda: torch.autograd.grad(spmm(adj, x), x,
+                                                         torch.randn(60, 7))) == 2
+        assert column_blocks(adj) is None and column_blocks(kept(adj)) is None
+        assert_fp32_close(out, pyg_spmm(adj, x))
 
 
 @pytest.mark.parametrize("conv", [SAGEConv(6, 6), GraphConv(6, 6, aggr="mean"),
@@ -221,6 +269,7 @@ def test_distributed_layers_keep_the_plan_s_transpose_and_equal_pyg(graph, tmp_p
     import pyg_dist
     if block_columns is not None:
         monkeypatch.setattr(aggregate, "BLOCK_COLUMNS", block_columns)
+        monkeypatch.setattr(aggregate, "BLOCK_ROW_ENTRIES", 0)
     pyg_dist.partition_graph(graph, 1, root=str(tmp_path))
     pyg_dist.init()
     part = pyg_dist.DistData.load(str(tmp_path), 0)
