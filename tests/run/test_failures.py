@@ -203,11 +203,11 @@ def test_ranks_die_with_their_launcher(graph, tmp_path):
     assert open(metrics).read().count("\n") == lines  # nobody writes any more
 
 
-def _train_past_epoch_1(cmd, out: str, env) -> subprocess.Popen:
+def _train_past_epoch_1(cmd, out: str, env, **popen) -> subprocess.Popen:
     r"""The training command :obj:`cmd`, started and waited for until its
     first epoch is in ``out/metrics.jsonl``."""
     launcher = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True, env=env)
+                                text=True, env=env, **popen)
     metrics = os.path.join(out, "metrics.jsonl")
     deadline = time.monotonic() + 60
     while not (os.path.exists(metrics) and os.path.getsize(metrics)):
@@ -351,12 +351,20 @@ def test_killed_rank_of_a_cli_run_is_two_lines_without_warnings(tmp_path):
 def test_ctrl_c_of_a_single_rank_run_is_one_line(graph, tmp_path):
     root, out = str(tmp_path / "parts"), str(tmp_path / "run")
     pyg_dist.partition_graph(graph, 1, root=root)
+    # started as a terminal starts a command in the foreground: Ctrl-C's
+    # disposition the default, whatever this test process' is (an ignored
+    # SIGINT is inherited, and Python then takes no Ctrl-C: a shell's
+    # background job)
     launcher = _train_past_epoch_1(
         [sys.executable, "-m", "pyg_dist.cli", "train", "--root", root, "--out", out,
          "--hidden", "8", "--no-progress", "--no-plots", "--epochs", "100000"], out,
-        dict(os.environ, PYTHONWARNINGS="ignore"))
+        dict(os.environ, PYTHONWARNINGS="ignore"),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     launcher.send_signal(signal.SIGINT)
-    _, err = launcher.communicate(timeout=60)
+    try:
+        _, err = launcher.communicate(timeout=60)
+    finally:
+        launcher.kill()  # no run left behind if it did not stop
     assert launcher.returncode == 130 and err.strip() == "pyg-dist train: interrupted (Ctrl-C)"
 
 
