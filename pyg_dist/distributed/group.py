@@ -132,8 +132,9 @@ def gather_over_ranks(value: float, device: Optional[torch.device] = None) -> Li
     return [float(v) for v in out]
 
 
-def max_over_ranks(t: Tensor) -> Tensor:
-    r"""In-place maximum of :obj:`t` over the default group's ranks."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+def max_over_ranks(t: Tensor, group=None) -> Tensor:
+    r"""In-place maximum of :obj:`t` over the ranks of :obj:`group` (default:
+    the default group)."""
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return t

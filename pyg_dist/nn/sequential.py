@@ -15,10 +15,10 @@ import math
 from typing import Any, Dict, List, NamedTuple, Optional
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 from torch_geometric.nn.conv import MessagePassing
 
+from pyg_dist.distributed import max_over_ranks
 from pyg_dist.nn.arguments import source_args, target_args
 from pyg_dist.nn.engine import Engine
 from pyg_dist.nn.spec import is_layer, layer_names, pyg_class, spec_of
@@ -150,10 +150,9 @@ class SequentialEngine(Engine):
         # Every rank must choose alike (the two exchanges' collectives differ):
         # the most halo rows of any rank, the smallest budget (none where any
         # rank has none), agreed in one all-reduce of (halo, -budget).
-        agreed = torch.tensor([ctx.data.num_halo, 1 if memory_budget is None
-                               else -memory_budget], device=ctx.data.x.device)
-        if dist.is_initialized() and ctx.world_size > 1:
-            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=ctx.group)
+        agreed = max_over_ranks(torch.tensor([ctx.data.num_halo, 1 if memory_budget is None
+                                              else -memory_budget], device=ctx.data.x.device),
+                                ctx.group)
         self._halo = int(agreed[0])
         self.memory_budget = None if agreed[1] > 0 else -int(agreed[1])
         self._left = self.memory_budget  # bytes of the budget no layer has taken
