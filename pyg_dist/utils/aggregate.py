@@ -162,10 +162,9 @@ def product(adj: Tensor, x: Tensor, reduce: str = "sum") -> Tensor:
     return out
 
 
-def column_blocks(adj: Tensor, reduce: str = "sum",
-                  columns: Optional[int] = None) -> Optional[List[Tuple[int, Tensor]]]:
-    r"""The CSR :obj:`adj` cut into blocks of :obj:`columns` consecutive
-    columns (default :data:`BLOCK_COLUMNS`), ``(first column, block)`` in
+def column_blocks(adj: Tensor, reduce: str = "sum") -> Optional[List[Tuple[int, Tensor]]]:
+    r"""The CSR :obj:`adj` cut into blocks of :data:`BLOCK_COLUMNS`
+    consecutive columns, ``(first column, block)`` in
     column order, with every entry :math:`a_{ij}` divided by its row's count
     :math:`\max(c_i, 1)` for ``reduce="mean"``: :math:`\mathbf{A}\mathbf{X}
     = \sum_k \mathbf{A}_k \mathbf{X}_k`. ``None`` where blocks do not pay:
@@ -173,23 +172,23 @@ def column_blocks(adj: Tensor, reduce: str = "sum",
     on average, or a graph marked to multiply in one pass
     (:func:`keep_transpose`).
 
-    Built once and kept as long as :obj:`adj` lives (when it is of the
-    default width); a mean's blocks share their indices with a sum's. The
+    Built once and kept as long as :obj:`adj` lives; a mean's blocks share
+    their indices with a sum's. The
     indices are 32-bit where they fit (torch's forward reduction gives the
     same sums, bit for bit, as with 64-bit ones): a graph's blocks take 8
     bytes an entry besides the graph (4 of column, 4 of value) and 4 a row
     and block (at most half a byte an entry)."""
-    columns = BLOCK_COLUMNS if columns is None else columns
-    num_blocks = -(-adj.size(1) // columns)
+    num_blocks = -(-adj.size(1) // BLOCK_COLUMNS)
     if num_blocks < 2 or num_blocks * adj.size(0) * BLOCK_ROW_ENTRIES > adj.values().numel():
         return None
-    derived = _derived(adj) if columns == BLOCK_COLUMNS else {}
+    derived = _derived(adj)
     if derived.get("one pass"):
         return None
     found = derived.get(("blocks", reduce))
     if found is None:
         other = derived.get(("blocks", "mean" if reduce == "sum" else "sum"))
-        found = derived[("blocks", reduce)] = _cut(adj, _values(adj, reduce), columns, other)
+        found = derived[("blocks", reduce)] = _cut(adj, _values(adj, reduce), BLOCK_COLUMNS,
+                                                   other)
     return found
 
 

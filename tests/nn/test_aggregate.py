@@ -159,10 +159,11 @@ def _kernel_calls(fn) -> int:
 
 
 @pytest.mark.parametrize("reduce", ["sum", "mean"])
-def test_column_blocks_hold_every_entry_once_and_multiply_as_the_graph(reduce, small_blocks):
+def test_column_blocks_hold_every_entry_once_and_multiply_as_the_graph(reduce, small_blocks,
+                                                                     monkeypatch):
     adj = _adjacency(60, 80, 400, seed=6)
     count = adj.crow_indices().diff()
-    blocks = column_blocks(adj, reduce, columns=16)
+    blocks = column_blocks(adj, reduce)
     assert [start for start, _ in blocks] == [0, 16, 32, 48, 64]
     assert [block.size(1) for _, block in blocks] == [16] * 5
     # the blocks, laid side by side, are the graph (a mean's: each row divided by its count)
@@ -172,7 +173,8 @@ def test_column_blocks_hold_every_entry_once_and_multiply_as_the_graph(reduce, s
         expected = expected / count.clamp(min=1).unsqueeze(1)
     assert torch.equal(whole, expected)
     assert sum(block.values().numel() for _, block in blocks) == adj.values().numel()
-    assert column_blocks(adj, reduce, columns=80) is None  # one block: the graph itself
+    monkeypatch.setattr(aggregate, "BLOCK_COLUMNS", 80)
+    assert column_blocks(adj, reduce) is None  # one block: the graph itself
 
 
 @pytest.mark.parametrize("reduce", ["sum", "mean"])
