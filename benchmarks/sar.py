@@ -120,13 +120,9 @@ QUICK = {"num_nodes": 4000, "epochs": 2, "repeats": 1, "ranks": [1, 2], "skip": 
          "profile_warmup": 1, "profile_steps": 1}
 FULL = {"num_nodes": 30000, "epochs": 10, "repeats": 3, "ranks": [1, 2, 4, 8], "skip": 2,
         "profile_warmup": 2, "profile_steps": 3}
+#: The systems by name; a pyg_dist system with flags is ``pyg-FLAG-...`` (:func:`label`).
 SYSTEMS = {"sar": "SAR default (sequential + remat.)", "sar-oneshot": "SAR one-shot",
-           "pyg-seq": "pyg_dist --exchange sequential", "pyg": "pyg_dist default (halo)",
-           "pyg-pre": "pyg_dist --precompute-layer0",
-           "pyg-seq-pre": "pyg_dist --exchange sequential --precompute-layer0",
-           "pyg-seq-pre-budget": "pyg_dist --exchange sequential --precompute-layer0 "
-                                 "--memory-budget",
-           "pyg-pre-overlap": "pyg_dist --precompute-layer0 --overlap"}
+           "pyg": "pyg_dist default (halo)"}
 #: A pyg_dist system's name: ``pyg`` and its flags, in any order.
 PYG_FLAGS = {"seq": "--exchange sequential", "pre": "--precompute-layer0",
              "budget": "--memory-budget", "overlap": "--overlap"}
@@ -936,7 +932,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     unknown = [s for s in args.systems if s not in SYSTEMS and not (
         s.startswith("pyg-") and set(pyg_flags(s)) <= set(PYG_FLAGS))]
     if unknown:
-        parser.error(f"unknown system(s) {unknown}: {', '.join(SYSTEMS)}")
+        parser.error(f"unknown system(s) {unknown}: {', '.join(SYSTEMS)}, or "
+                     f"pyg-FLAG-... ({', '.join(PYG_FLAGS)})")
     args.sar_python = osp.join(osp.abspath(args.sar_env), "bin", "python")
     if not osp.exists(args.sar_python):
         parser.error(f"no SAR venv at '{args.sar_env}': run `make bench-sar-env` "
