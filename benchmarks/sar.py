@@ -33,7 +33,10 @@ Any ``pyg-FLAG-...`` name runs pyg_dist with those flags (:data:`PYG_FLAGS`;
 ``summary[ranks]["fastest"]`` names each side's fastest system of the run,
 and ``ratios`` holds their ratio beside the fixed pairs.
 
-With one rank there is no exchange: only ``sar`` and ``pyg`` run.
+With one rank there is no exchange: ``sar`` and the pyg_dist systems whose
+flags are among :data:`ONE_RANK_FLAGS` run (``pyg-seq`` at one rank: the
+sequential engine's kernels on the whole graph, the one-process reference
+of its ranks' memory).
 
 How both get the same work:
 
@@ -54,9 +57,14 @@ How both get the same work:
 * **pyg_dist** trains through its Python API (``check_training`` then
   ``run_ranks`` over ``pyg_dist.train.train``, what ``pyg-dist train``
   runs), with ``build_model`` wrapped to load the weights (the CLI takes no
-  initial weights), its ranks under ``torch.distributed.run`` with the
-  environment ``pyg-dist train`` gives its ranks (allocator ``reuse``);
-  evaluation off during training. **SAR** runs as its examples do, one
+  initial weights), its ranks started as ``pyg-dist train`` starts them
+  (``--pyg-launch spawn``, the default: one rank in the driver's child
+  process, more forked from the forkserver that imported torch and PyG once,
+  with the environment of allocator ``reuse``) or by
+  ``torch.distributed.run`` (``--pyg-launch torchrun``: every rank a fresh
+  interpreter that imports torch and PyG itself, as SAR's ranks do; their
+  RSS holds the pages of libtorch the imports touched, about 70 MiB more
+  per rank); evaluation off during training. **SAR** runs as its examples do, one
   process per rank (``benchmarks/sar_rank.py train``, in SAR's venv), gloo
   on loopback.
 
@@ -125,7 +133,7 @@ SYSTEMS = {"sar": "SAR default (sequential + remat.)", "sar-oneshot": "SAR one-s
            "pyg": "pyg_dist default (halo)"}
 #: A pyg_dist system's name: ``pyg`` and its flags, in any order.
 PYG_FLAGS = {"seq": "--exchange sequential", "pre": "--precompute-layer0",
-             "budget": "--memory-budget", "overlap": "--overlap"}
+             "budget": "--memory-budget", "overlap": "--overlap", "compact": "--malloc compact"}
 
 
 def label(system: str) -> str:
@@ -138,7 +146,10 @@ def pyg_flags(system: str) -> List[str]:
     return system.split("-")[1:]
 
 
-ONE_RANK = ("sar", "pyg", "pyg-pre")  # no exchange with one rank
+#: The flags a one-rank run takes: it has no exchange, but these change its
+#: kernels or memory (``seq``: the sequential engine's, one pass per piece,
+#: no column blocks), so a one-rank run is the reference of their ranks.
+ONE_RANK_FLAGS = ("seq", "pre", "compact")
 
 
 # --------------------------------------------------------------------------- #
@@ -216,9 +227,11 @@ def pyg_rank_main(spec_path: str) -> int:
     config = TrainConfig(**spec["config"])
     config.validate()
     check_training(spec["root"], config, spec["out"], None)  # what run_training checks
+    # Without torchrun's environment, run_ranks starts the ranks as `pyg-dist
+    # train` does (one rank: in this process; more: forked from its forkserver).
     run_ranks(_train_with_weights, (spec["root"], config, spec["out"], spec["weights"],
                                     spec["run_dir"], spec.get("profile")),
-              spec["root"], None, spec["timeout"])
+              spec["root"], None, spec["timeout"], config.malloc)
     return 0
 
 
@@ -446,6 +459,7 @@ def launch_pyg(args, parts, weights, system: str, ranks: int, run_dir: str, inde
     config = model_config(args, weights["classes"], dropout=dropout, epochs=epochs,
                           exchange="sequential" if "seq" in flags else "halo",
                           precompute_layer0="pre" in flags, overlap="overlap" in flags,
+                          malloc="compact" if "compact" in flags else "reuse",
                           memory_budget=(size_in_bytes(args.pyg_memory_budget)
                                          if "budget" in flags else None))
     out = osp.join(run_dir, "out")
@@ -455,11 +469,13 @@ def launch_pyg(args, parts, weights, system: str, ranks: int, run_dir: str, inde
     spec_path = osp.join(run_dir, "spec.json")
     _write_json(spec_path, spec)
     env = _thread_env()
-    env.update(rank_environment(config.get("malloc", "reuse")))  # as pyg-dist train's ranks
+    env.update(rank_environment(config["malloc"]))  # as pyg-dist train's ranks
     env.setdefault("PYTHONWARNINGS", "ignore")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-           "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
-           "--master-port", str(29500 + index % 150), SCRIPT, "pyg-rank", "--spec", spec_path]
+    cmd = [sys.executable, SCRIPT, "pyg-rank", "--spec", spec_path]
+    if args.pyg_launch == "torchrun":
+        cmd[1:1] = ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
+                    str(ranks), "--master-addr", "127.0.0.1", "--master-port",
+                    str(29500 + index % 150)]
     log = open(osp.join(run_dir, "launcher.log"), "w")
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     poller = Poller([proc.pid], args.poll_interval)
@@ -474,12 +490,14 @@ def launch_pyg(args, parts, weights, system: str, ranks: int, run_dir: str, inde
                    "peak_rss_per_rank": r.get("peak_mem_per_rank"),
                    "baseline_rss_per_rank": r.get("baseline_mem_per_rank"),
                    "code_per_rank": r.get("code_mem_per_rank"),
+                   "live_per_rank": r.get("live_mem_per_rank"),
+                   "baseline_live_per_rank": r.get("baseline_live_mem_per_rank"),
                    "time_comm": r.get("time_comm"), "time_reduce": r.get("time_reduce")}
                   for r in rows]
     from pyg_dist.train import load_model
     summary = _read_json(osp.join(out, "summary.json"))
     return {"epochs": epochs_out, "state": load_model(out).state_dict(),
-            "engine": summary.get("engine"),
+            "launch": args.pyg_launch, "engine": summary.get("engine"),
             "layer_aggregation": summary.get("layer_aggregation"),
             "polled_peak_rss_per_rank": [peaks.get(i["pid"], {}).get("VmHWM") for i in infos],
             "ranks_info": infos}
@@ -528,6 +546,15 @@ def run_one(args, data, parts, weights, system: str, ranks: int, index: int,
         record["training_rss_per_rank_mib"] = [
             round(max(e["peak_rss_per_rank"][r] - e["baseline_rss_per_rank"][r]
                       for e in result["epochs"]) / MiB, 1) for r in range(ranks)]
+        # of it: libtorch's machine code first run after the baseline (the
+        # same file pages in every process), and glibc's bytes in use
+        record["training_code_per_rank_mib"] = [
+            round(max(e["code_per_rank"][r] or 0 for e in result["epochs"]) / MiB, 1)
+            for r in range(ranks)]
+        if all(e.get("baseline_live_per_rank") for e in result["epochs"]):
+            record["training_live_per_rank_mib"] = [
+                round(max(e["live_per_rank"][r] - e["baseline_live_per_rank"][r]
+                          for e in result["epochs"]) / MiB, 1) for r in range(ranks)]
     record.update(ok=True, **result,
                   s_per_epoch=statistics.median(e["time"] for e in timed_epochs),
                   epoch_times=[e["time"] for e in result["epochs"]],
@@ -545,7 +572,8 @@ def run_one(args, data, parts, weights, system: str, ranks: int, index: int,
 
 
 def systems_for(args, ranks: int) -> List[str]:
-    return [s for s in args.systems if ranks > 1 or s in ONE_RANK]
+    return [s for s in args.systems if ranks > 1 or s == "sar" or (
+        s.startswith("pyg") and set(pyg_flags(s)) <= set(ONE_RANK_FLAGS))]
 
 
 def agreement(args, data, weights, budget) -> Dict[str, Any]:
@@ -595,6 +623,10 @@ def summarize(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
                            "training_rss_all_ranks_mib_median": statistics.median(
                                sum(r["training_rss_per_rank_mib"]) for r in ok)}
                           if all("training_rss_per_rank_mib" in r for r in ok) else {}),
+                       **({f"{kind}_all_ranks_mib_median": statistics.median(
+                               sum(r[f"{kind}_per_rank_mib"]) for r in ok)
+                           for kind in ("training_code", "training_live")
+                           if all(f"{kind}_per_rank_mib" in r for r in ok)}),
                        test_acc_mean=statistics.mean(r["test_acc"] for r in ok),
                        test_acc_range=[min(r["test_acc"] for r in ok),
                                        max(r["test_acc"] for r in ok)],
@@ -915,6 +947,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="the pyg_dist system profiled (one rank), e.g. pyg-pre")
     parser.add_argument("--pyg-memory-budget", default="16M", type=_size,
                         help="pyg-dist train --memory-budget of the -budget systems")
+    parser.add_argument("--pyg-launch", choices=("spawn", "torchrun"), default="spawn",
+                        help="how pyg_dist's ranks start: spawn (pyg-dist train's own "
+                             "start, the README's command: one rank in its process, more "
+                             "forked from a process that imported torch and PyG) or "
+                             "torchrun (one fresh interpreter per rank)")
     parser.add_argument("--max-load", type=float, default=1.5)
     parser.add_argument("--load-wait", type=float, default=1200,
                         help="seconds of waiting for the load, in all")
