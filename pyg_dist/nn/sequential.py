@@ -12,27 +12,18 @@ one-shot; the gather engine's path): :meth:`SequentialEngine.materialises`.
 """
 import inspect
 import math
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 from torch import Tensor
 from torch_geometric.nn.conv import MessagePassing
 
 from pyg_dist.distributed import max_over_ranks
-from pyg_dist.nn.arguments import source_args, target_args
+from pyg_dist.nn.arguments import source_args
 from pyg_dist.nn.engine import Engine
-from pyg_dist.nn.spec import is_layer, layer_names, pyg_class, spec_of
+from pyg_dist.nn.pieces import Deferred, aggregate_pieces, propagate_pieces
+from pyg_dist.nn.spec import is_layer, layer_names, pyg_class
 from pyg_dist.nn.state import LayerState, state_of
-
-
-def message_params(module: torch.nn.Module) -> List[Tensor]:
-    r"""The trainable parameters :obj:`module`'s propagate reads (all of
-    them for a class without a spec, a user's subclass of a PyG layer
-    included)."""
-    spec = spec_of(module)
-    names = None if spec is None else spec.message_params
-    return [p for name, p in module.named_parameters() if p.requires_grad
-            and (names is None or name.split(".")[0] in names)]
 
 
 def check_model(model: torch.nn.Module, exchange) -> None:
@@ -59,78 +50,6 @@ def check_model(model: torch.nn.Module, exchange) -> None:
     if refused:
         raise NotImplementedError("exchange='sequential' cannot compute these layers "
                                   "exactly (use exchange='halo'):\n  " + "\n  ".join(refused))
-
-
-class Deferred(NamedTuple):
-    r"""An edge update (e.g. GAT's attention logits and softmax) left to
-    each piece: the arguments it was called with."""
-    kwargs: Dict[str, Any]
-
-
-class _Slots:
-    r"""A layer's propagate arguments split into the source rows that travel
-    (``sources``), the other tensors (``others``: target rows, per-edge
-    tensors) and constants, rebuilt per piece by :meth:`build`."""
-
-    def __init__(self, module: MessagePassing, kwargs: Dict[str, Any]) -> None:
-        self.module = module
-        self.sources: List[Tensor] = []
-        self.names: List[str] = []  # of the sources
-        self.others: List[Tensor] = []
-        self.items = self._split(kwargs, "_user_args")
-
-    def _split(self, kwargs: Dict[str, Any], user_args: str) -> list:
-        sources = source_args(self.module, user_args)
-        targets = target_args(self.module, user_args)
-        items = []
-        for name, value in kwargs.items():
-            if isinstance(value, Deferred):
-                items.append((name, "deferred", self._split(value.kwargs, "_edge_user_args")))
-            elif name in sources and isinstance(value, (Tensor, tuple, list)):
-                pair = not isinstance(value, Tensor)
-                source, target = (value[0], value[1]) if pair else \
-                    (value, value if name in targets else None)
-                # one tensor given to the edge updater and to propagate travels once
-                known = [i for i, t in enumerate(self.sources) if t is source]
-                if not known:
-                    self.sources.append(source)
-                    self.names.append(name)
-                index = known[0] if known else len(self.sources) - 1
-                slot = None
-                if target is not None:
-                    self.others.append(target)
-                    slot = len(self.others) - 1
-                items.append((name, "source", (index, slot, pair or slot is not None)))
-            elif isinstance(value, Tensor):
-                self.others.append(value)
-                kind = "edge" if name.startswith("edge_") else "tensor"
-                items.append((name, kind, len(self.others) - 1))
-            else:
-                items.append((name, "const", value))
-        return items
-
-    def build(self, items: list, piece, rows: List[Tensor],
-              others: List[Tensor], num_inner: int) -> Dict[str, Any]:
-        kwargs = {}
-        for name, kind, slot in items:
-            if kind == "source":
-                source, target, pair = slot
-                rows_ = rows[source]
-                kwargs[name] = (rows_, None if target is None else others[target]) \
-                    if pair else rows_
-            elif kind == "edge":
-                value = others[slot]
-                kwargs[name] = value if piece.edge_id is None else \
-                    value.index_select(0, piece.edge_id)
-            elif kind == "tensor":
-                kwargs[name] = others[slot]
-            elif kind == "deferred":
-                kwargs[name] = self.module.pyg_edge_updater(
-                    piece.graph, size=(piece.num_rows, num_inner),
-                    **self.build(slot, piece, rows, others, num_inner))
-            else:
-                kwargs[name] = slot
-        return kwargs
 
 
 class SequentialEngine(Engine):
@@ -230,58 +149,18 @@ class SequentialEngine(Engine):
     def _propagate(self, state: LayerState, edge_index, size, kwargs: Dict[str, Any]):
         if not state.plan_graph and self.materialises(state, _source_rows(state.module, kwargs)):
             return super()._propagate(state, edge_index, size, kwargs)
-        ctx, module = self.ctx, state.module
-        call, state.calls = state.calls, state.calls + 1
-        if state.plan_graph:  # already the plan's (an attention layer's)
-            graph, weight = edge_index, None
-        elif ctx.is_local_graph(edge_index):
-            graph, weight, kwargs = ctx.propagate_args(module, edge_index, kwargs,
-                                                       source_args(module))
-        else:
-            raise NotImplementedError(
-                f"Layer '{state.key}': exchange='sequential' aggregates the partition's "
-                f"own graph (data.edge_index or data.adj_t)")
-        slots = _Slots(module, kwargs)
-        num_inner = ctx.num_inner
-        # counted like the halo exchange's keys: layer.arg, #k for the k-th propagate
-        key = f"{state.key}.{'+'.join(slots.names)}" + (f"#{call}" if call else "")
-
-        def run(piece, rows: List[Tensor], others: List[Tensor]) -> Tensor:
-            state.message_weight = None if weight is None else \
-                weight.index_select(0, piece.edge_id)
-            try:
-                return self.plain(state, piece.graph, (piece.num_rows, num_inner),
-                                  **slots.build(slots.items, piece, rows, others, num_inner))
-            finally:
-                state.message_weight = None
-                if hasattr(module, "_alpha"):  # TransformerConv keeps a piece's scores
-                    module._alpha = None
-
-        # a PyG layer whose propagate aggregates its input's source rows as they are
-        # (GCN, SAGE, GIN, GraphConv: the first layer's aggregation precomputes), given
-        # nothing but them (a pair's target rows are not read)
-        linear = (state.spec.precomputable and weight is None
-                  and all(kind in ("source", "const") for _, kind, _ in slots.items))
-        return ctx.exchange.aggregate_pieces(ctx, key, graph, slots.sources, slots.others, run,
-                                             module.aggr, module, message_params(module),
-                                             linear=linear)
+        return propagate_pieces(self, state, edge_index, kwargs, self.ctx.exchange)
 
     def aggregate(self, state: LayerState, key: str, x: Tensor, adj, run) -> Tensor:
         r"""GCN's aggregation over its normalised CSR, piece by piece."""
         if self.materialises(state, [x]):
             return super().aggregate(state, key, x, adj, run)
-        ctx = self.ctx
-        if not (isinstance(adj, Tensor) and adj.layout == torch.sparse_csr
-                and adj.size(1) == ctx.num_src and not adj.requires_grad):
-            raise NotImplementedError(
-                f"Layer '{key}': exchange='sequential' runs GCNConv on the partition's "
-                f"own graph through its normalised CSR (normalize=True), with edge "
-                f"weights that need no gradient; use exchange='halo' for this layer")
-        num_inner = ctx.num_inner
-        return ctx.exchange.aggregate_pieces(
-            ctx, key, adj, [x], [],
-            lambda piece, rows, _: run(piece.graph, rows[0], (piece.num_rows, num_inner)),
-            "sum", state.module, (), linear=True)
+        return aggregate_pieces(self, state, key, x, adj, run, self.ctx.exchange)
+
+    def precompute_exchange(self, edge_index) -> None:
+        r"""None: a precomputed layer runs as every layer does here (piece
+        by piece, or materialised where the budget lets it)."""
+        return None
 
 
 def _source_rows(module: MessagePassing, kwargs: Dict[str, Any]) -> List[Tensor]:

@@ -114,7 +114,9 @@ def sampler_checks(root: str, iterations: int):
 
 
 def precompute_checks(root: str):
-    r"""Outputs and layer-0 bytes with and without ``precompute_layer0``."""
+    r"""Outputs and layer-0 bytes with and without ``precompute_layer0``
+    (the halo exchange), and the layers aggregated piece by piece in the
+    precomputing model's first pass."""
     from torch_geometric.nn import GCN, GraphSAGE
     from pyg_dist.sampler import build_sampler
     part = pyg_dist.DistData.load(root, dist.get_rank())
@@ -127,6 +129,8 @@ def precompute_checks(root: str):
                                      precompute_layer0=True)
         a = plain(part.x, part.adj_t)
         b = pre(part.x, part.adj_t)
+        # the precomputation's one pass, one peer's rows at a time
+        pieces = pre.comm_stats.counts.get("sequential_layers", 0)
         b.sum().backward()
         grads_finite = all(p.grad is not None for p in pre.parameters())
         pre.comm_stats.reset()
@@ -136,5 +140,5 @@ def precompute_checks(root: str):
                 pre(part.x, part.adj_t)
         layer0 = {k: v for k, v in pre.comm_stats.bytes_recv.items() if k.startswith("convs.0")}
         out[name] = (b.detach(), a.detach(), grads_finite, layer0,
-                     pre.comm_stats.total_bytes_recv)
+                     pre.comm_stats.total_bytes_recv, pieces)
     return out
