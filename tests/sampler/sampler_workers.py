@@ -115,8 +115,8 @@ def sampler_checks(root: str, iterations: int):
 
 def precompute_checks(root: str):
     r"""Outputs and layer-0 bytes with and without ``precompute_layer0``
-    (the halo exchange), and the layers aggregated piece by piece in the
-    precomputing model's first pass."""
+    (the halo exchange; and with ``overlap``), and the layers aggregated
+    piece by piece in the precomputing models' first passes."""
     from torch_geometric.nn import GCN, GraphSAGE
     from pyg_dist.sampler import build_sampler
     part = pyg_dist.DistData.load(root, dist.get_rank())
@@ -139,6 +139,11 @@ def precompute_checks(root: str):
             with pre.dist_context.use(sampler.plan(t)):
                 pre(part.x, part.adj_t)
         layer0 = {k: v for k, v in pre.comm_stats.bytes_recv.items() if k.startswith("convs.0")}
+        torch.manual_seed(0)
+        overlapped = pyg_dist.nn.distribute(cls(part.num_features, 8, 3, 4), part,
+                                            precompute_layer0=True, overlap="layers")
+        c = overlapped(part.x, part.adj_t).detach()
+        pieces = (pieces, overlapped.comm_stats.counts.get("sequential_layers", 0))
         out[name] = (b.detach(), a.detach(), grads_finite, layer0,
-                     pre.comm_stats.total_bytes_recv, pieces)
+                     pre.comm_stats.total_bytes_recv, pieces, c)
     return out

@@ -158,9 +158,11 @@ def test_precompute_layer0(tmp_path):
     from tests.conftest import small_graph
     pyg_dist.partition_graph(small_graph(), 2, root=str(tmp_path))
     for r in pyg_dist.spawn(precompute_checks, 2, (str(tmp_path), ), timeout=120):
-        for name, (out, want, grads, layer0_bytes, total_bytes, pieces) in r.items():
+        for name, (out, want, grads, layer0_bytes, total_bytes, pieces, overlapped) \
+                in r.items():
             assert_fp32_close(out, want, msg=f"{name}: precomputed layer 0")
-            assert pieces == 1, name  # the input features' halo never held at once
+            assert_fp32_close(overlapped, want, msg=f"{name}: precomputed, overlapped")
+            assert pieces == (1, 1), name  # the input features' halo never held at once
             assert grads
             assert sum(layer0_bytes.values()) == 0, layer0_bytes
             assert total_bytes > 0  # the other layers still exchange
