@@ -153,7 +153,7 @@ ONE_RANK_FLAGS = ("seq", "pre", "compact")
 
 
 # --------------------------------------------------------------------------- #
-# The pyg_dist ranks (project venv, under torch.distributed.run)
+# The pyg_dist ranks (project venv; started as pyg-dist train starts them, or by torchrun)
 # --------------------------------------------------------------------------- #
 
 def _train_with_weights(root: str, config, out: str, weights: str, run_dir: str,
@@ -710,6 +710,9 @@ def bench(args, data, weights) -> int:
                       "(baseline_mem_per_rank of metrics.jsonl)",
             "threads": "OMP_NUM_THREADS=1 and MKL_NUM_THREADS=1 for every rank; torch "
                        "threads 1 on both sides",
+            "launch": f"pyg_dist's ranks: {args.pyg_launch} (spawn: as pyg-dist train starts "
+                      "them, forked from a process that imported torch and PyG; torchrun: a "
+                      "fresh interpreter per rank); SAR's: a fresh interpreter per rank",
             "allocator": "as each system comes: pyg_dist's default (malloc reuse, with the "
                          "GLIBC_TUNABLES pyg-dist train gives its ranks), SAR with glibc's "
                          "defaults",
