@@ -549,8 +549,8 @@ def run_one(args, data, parts, weights, system: str, ranks: int, index: int,
         # of it: libtorch's machine code first run after the baseline (the
         # same file pages in every process), and glibc's bytes in use
         record["training_code_per_rank_mib"] = [
-            round(max(e["code_per_rank"][r] or 0 for e in result["epochs"]) / MiB, 1)
-            for r in range(ranks)]
+            round(max((e["code_per_rank"] or [0] * ranks)[r] or 0
+                      for e in result["epochs"]) / MiB, 1) for r in range(ranks)]
         if all(e.get("baseline_live_per_rank") for e in result["epochs"]):
             record["training_live_per_rank_mib"] = [
                 round(max(e["live_per_rank"][r] - e["baseline_live_per_rank"][r]

@@ -54,6 +54,10 @@ class Exchange:
     holds_halo: ClassVar[bool] = True
     #: Rows travel as the owners' whole blocks (caches then refresh blocks).
     whole_blocks: ClassVar[bool] = False
+    #: Rows travel point to point, only to the ranks that need them (a pass
+    #: may then take one peer's rows at a time through a sequential exchange
+    #: on the same group: the layer-0 precomputation does).
+    point_to_point: ClassVar[bool] = False
     #: Layers aggregate piece by piece through :meth:`aggregate_pieces`
     #: (their propagate is run per piece).
     piecewise: ClassVar[bool] = False

@@ -148,6 +148,7 @@ class PointToPoint(Exchange):
     :mod:`pyg_dist.nn.async_layers`) compute while the rows travel."""
     name = "halo"
     summary = "sends each peer the rows it needs"
+    point_to_point = True
     asynchronous = True
 
     def fetch(self, ctx, key: str, x: Tensor, plan: HaloPlan,

@@ -76,7 +76,6 @@ class HaloContext:
         # What layers compute once per context (e.g. GCN's whole-graph degrees).
         self.memo: Dict[str, Any] = {}
         self._precomputed: Dict[str, Tuple[int, Tensor]] = {}
-        self._piecewise: Optional[Exchange] = None  # see piecewise_exchange
         # dropout output -> (its input, p): the rows a stale cache exchanges
         self.undropped = WeakIdKeyDictionary()
         # a graph gcn_norm normalised -> the plan it was normalised for
@@ -260,17 +259,6 @@ class HaloContext:
                 hit = (self.data.x._version, compute())
             self._precomputed[key] = hit
         return hit[1]
-
-    def piecewise_exchange(self) -> Exchange:
-        r"""An exchange that aggregates a layer one peer's rows at a time
-        (:meth:`~pyg_dist.comm.exchange.Exchange.aggregate_pieces`) on this
-        context's group: its own where it does, else a sequential one, made
-        once."""
-        if self.exchange.piecewise:
-            return self.exchange
-        if self._piecewise is None:
-            self._piecewise = get_exchange("sequential")
-        return self._piecewise
 
     def is_local_graph(self, edge_index) -> bool:
         # The rank's partition, or the sub-partition the plan is on (a batch's).

@@ -219,6 +219,12 @@ def _check_precompute(name: str, module: MessagePassing) -> None:
             f"transforms its input with parameters before aggregating; supported: "
             f"{', '.join(sorted(layer_names(precomputable=True)))} (SAGEConv with "
             f"project=False)")
+    if spec.normalisation == "gcn" and module.aggr not in ("add", "sum", "mean"):
+        raise NotImplementedError(
+            f"precompute_layer0: the first layer '{name}' ({type(module).__name__}) "
+            f"aggregates with aggr={module.aggr!r}; its precomputation aggregates the "
+            f"features before its weight multiplies them, which equals the layer only "
+            f"for a sum or mean (aggr='add' or 'mean')")
 
 
 def _check_partition(data: DistData, group) -> None:

@@ -28,12 +28,12 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from pyg_dist.comm import exchange_class, get_exchange
 from pyg_dist.nn import gcn_norm
 from pyg_dist.nn.arguments import source_args, target_args
-from pyg_dist.comm import Exchange
 from pyg_dist.nn.context import HaloContext
 from pyg_dist.nn.conv.gcn_conv import gcn_graph
-from pyg_dist.nn.pieces import aggregate_pieces, propagate_pieces
+from pyg_dist.nn.pieces import aggregate_csr_pieces, csr_pieces_apply, propagate_pieces
 from pyg_dist.nn.spec import LayerSpec
 from pyg_dist.nn.state import STATE, LayerState, state_of
 
@@ -252,30 +252,36 @@ class Engine:
         if state.spec.normalisation == "gcn":
             return self._normalised(state, edge_index, kwargs)
         if state.precompute and self._precomputes(kwargs):
-            exchange = self.precompute_exchange(edge_index)
-            return ctx.precompute(state.key, (
-                lambda: self._propagate(state, edge_index, size, kwargs)) if exchange is None
-                else lambda: propagate_pieces(self, state, edge_index, kwargs, exchange))
+            if self.precomputes_piecewise(state, edge_index):
+                def compute() -> Tensor:
+                    return propagate_pieces(self, state, edge_index, kwargs,
+                                            get_exchange("sequential"))
+            else:
+                def compute() -> Tensor:
+                    return self._propagate(state, edge_index, size, kwargs)
+            return ctx.precompute(state.key, compute)
         return self._propagate(state, edge_index, size, kwargs)
 
-    def precompute_exchange(self, edge_index) -> Optional[Exchange]:
-        r"""The exchange a precomputed first layer (``precompute_layer0``)
-        aggregates the input features through one peer's rows at a time
-        (:func:`~pyg_dist.nn.pieces.propagate_pieces`), or ``None``: as any
-        pass, the whole halo received at once. It runs once and without
-        autograd, so no row is fetched twice, and the input features are
-        the widest rows a model receives: held all at once, joined to the
-        inner rows, they set a rank's peak memory (4 METIS parts of
+    def precomputes_piecewise(self, state: LayerState, edge_index) -> bool:
+        r"""Whether a precomputed first layer (``precompute_layer0``)
+        aggregates the input features one peer's rows at a time, through a
+        sequential exchange made for that pass
+        (:func:`~pyg_dist.nn.pieces.propagate_pieces`), instead of as any
+        pass, the whole halo received at once. The pass runs once and
+        without autograd, so no row is fetched twice, and the input features
+        are the widest rows a model receives: held all at once, joined to
+        the inner rows, they set a rank's peak memory (4 METIS parts of
         ``reddit_shaped(30000)``, 602 features, GraphSAGE: peak RSS per rank
-        487 MiB at once, 441 piece by piece). Piece by piece where rows
-        travel point to point, exactly (no codec), on the partition's own
-        graph, with more than one rank and nothing observing the rows."""
-        ctx = self.ctx
-        if (ctx.exchange.whole_blocks or ctx.codec is not None or ctx.observers
-                or not ctx.exchanges_now(ctx.full_plan)
-                or not any(edge_index is g for g in (ctx.data.edge_index, ctx.data.adj_t))):
-            return None
-        return ctx.piecewise_exchange()
+        487 MiB at once, 450 piece by piece, ``benchmarks/sar.py``). Piece
+        by piece where the exchange moves rows point to point, exactly (no
+        codec), with no feature cache and nothing observing the rows, on the
+        partition's own graph, with more than one rank, for an aggregation
+        that folds over the pieces (sum, mean, min, max)."""
+        ctx, aggr = self.ctx, state.module.aggr
+        return (ctx.exchange.point_to_point and ctx.codec is None and ctx.feature_cache is None
+                and not ctx.observers and ctx.exchanges_now(ctx.full_plan)
+                and any(edge_index is g for g in (ctx.data.edge_index, ctx.data.adj_t))
+                and isinstance(aggr, str) and aggr in exchange_class("sequential").aggregations)
 
     def edge_updater(self, state: LayerState, edge_index, size, kwargs: Dict[str, Any]):
         return state.module.pyg_edge_updater(edge_index, size=size, **kwargs)
@@ -333,19 +339,20 @@ class Engine:
         ctx, x = self.ctx, kwargs["x"]
         edge_weight = kwargs.get("edge_weight")
 
-        def aggregate(exchange: Optional[Exchange] = None) -> Tensor:
+        def aggregate(piecewise: bool = False) -> Tensor:
             graph, weight = gcn_graph(ctx, state.module, edge_index, edge_weight, x.dtype)
 
             def run(adj, x_src: Tensor, size: Tuple[int, int]) -> Tensor:
                 return self.plain(state, adj, size, x=x_src, edge_weight=weight)
 
-            if exchange is not None:
-                return aggregate_pieces(self, state, state.key, x, graph, run, exchange)
+            if piecewise and csr_pieces_apply(ctx, graph):
+                return aggregate_csr_pieces(self, state, state.key, x, graph, run,
+                                            get_exchange("sequential"))
             return self.aggregate(state, state.key, x, graph, run)
 
         if state.precompute and edge_weight is None and ctx.is_input_features(x):
-            exchange = self.precompute_exchange(edge_index)
-            return ctx.precompute(state.key, lambda: aggregate(exchange))
+            piecewise = self.precomputes_piecewise(state, edge_index)
+            return ctx.precompute(state.key, lambda: aggregate(piecewise))
         return aggregate()
 
     def aggregate(self, state: LayerState, key: str, x: Tensor, adj,

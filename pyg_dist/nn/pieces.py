@@ -3,9 +3,8 @@ an exchange's :meth:`~pyg_dist.comm.exchange.Exchange.aggregate_pieces`
 (:mod:`pyg_dist.comm.sequential` gives the formulas): a layer's propagate
 runs once per piece, given that piece's source rows. The sequential engine
 runs every layer so; any engine runs a precomputed first layer so
-(:meth:`~pyg_dist.nn.engine.Engine.precompute_exchange`), whose rows, the
+(:meth:`~pyg_dist.nn.engine.Engine.precomputes_piecewise`), whose rows, the
 input features, are the widest a model receives."""
-import math
 from typing import Any, Dict, List, NamedTuple
 
 import torch
@@ -141,20 +140,22 @@ def propagate_pieces(engine, state: LayerState, edge_index, kwargs: Dict[str, An
                                      linear=linear)
 
 
-def aggregate_pieces(engine, state: LayerState, key: str, x: Tensor, adj, run,
-                     exchange) -> Tensor:
-    r"""GCN's aggregation of :obj:`x` over its normalised CSR :obj:`adj`,
-    one piece at a time through :obj:`exchange` (:meth:`Engine.aggregate
+def csr_pieces_apply(ctx, adj) -> bool:
+    r"""Whether :func:`aggregate_csr_pieces` takes :obj:`adj`: a CSR graph
+    on the plan's sources whose values need no gradient (GCN's normalised
+    graph of the partition's own edges)."""
+    return (isinstance(adj, Tensor) and adj.layout == torch.sparse_csr
+            and adj.size(1) == ctx.num_src and not adj.requires_grad)
+
+
+def aggregate_csr_pieces(engine, state: LayerState, key: str, x: Tensor, adj, run,
+                         exchange) -> Tensor:
+    r"""GCN's aggregation (the layer's ``aggr``) of :obj:`x` over its
+    normalised CSR :obj:`adj` (:func:`csr_pieces_apply`), one piece at a
+    time through :obj:`exchange` (:meth:`Engine.aggregate
     <pyg_dist.nn.engine.Engine.aggregate>`'s :obj:`run`)."""
-    ctx = engine.ctx
-    if not (isinstance(adj, Tensor) and adj.layout == torch.sparse_csr
-            and adj.size(1) == ctx.num_src and not adj.requires_grad):
-        raise NotImplementedError(
-            f"Layer '{key}': exchange='sequential' runs GCNConv on the partition's "
-            f"own graph through its normalised CSR (normalize=True), with edge "
-            f"weights that need no gradient; use exchange='halo' for this layer")
-    num_inner = ctx.num_inner
+    num_inner = engine.ctx.num_inner
     return exchange.aggregate_pieces(
-        ctx, key, adj, [x], [],
+        engine.ctx, key, adj, [x], [],
         lambda piece, rows, _: run(piece.graph, rows[0], (piece.num_rows, num_inner)),
-        "sum", state.module, (), linear=True)
+        state.module.aggr, state.module, (), linear=True)

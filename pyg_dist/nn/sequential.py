@@ -21,7 +21,8 @@ from torch_geometric.nn.conv import MessagePassing
 from pyg_dist.distributed import max_over_ranks
 from pyg_dist.nn.arguments import source_args
 from pyg_dist.nn.engine import Engine
-from pyg_dist.nn.pieces import Deferred, aggregate_pieces, propagate_pieces
+from pyg_dist.nn.pieces import (Deferred, aggregate_csr_pieces, csr_pieces_apply,
+                                 propagate_pieces)
 from pyg_dist.nn.spec import is_layer, layer_names, pyg_class
 from pyg_dist.nn.state import LayerState, state_of
 
@@ -155,12 +156,17 @@ class SequentialEngine(Engine):
         r"""GCN's aggregation over its normalised CSR, piece by piece."""
         if self.materialises(state, [x]):
             return super().aggregate(state, key, x, adj, run)
-        return aggregate_pieces(self, state, key, x, adj, run, self.ctx.exchange)
+        if not csr_pieces_apply(self.ctx, adj):
+            raise NotImplementedError(
+                f"Layer '{key}': exchange='sequential' runs GCNConv on the partition's "
+                f"own graph through its normalised CSR (normalize=True), with edge "
+                f"weights that need no gradient; use exchange='halo' for this layer")
+        return aggregate_csr_pieces(self, state, key, x, adj, run, self.ctx.exchange)
 
-    def precompute_exchange(self, edge_index) -> None:
-        r"""None: a precomputed layer runs as every layer does here (piece
-        by piece, or materialised where the budget lets it)."""
-        return None
+    def precomputes_piecewise(self, state: LayerState, edge_index) -> bool:
+        r"""``False``: a precomputed layer runs as every layer does here
+        (piece by piece, or materialised where the budget lets it)."""
+        return False
 
 
 def _source_rows(module: MessagePassing, kwargs: Dict[str, Any]) -> List[Tensor]:

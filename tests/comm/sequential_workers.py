@@ -32,6 +32,8 @@ def _gin(i: int, o: int) -> GINConv:
 # name -> (builder given the input width, whether it takes edge_attr)
 LAYERS = {
     "GCNConv": (lambda f: TwoLayers(GCNConv(f, HIDDEN), GCNConv(HIDDEN, OUT)), False),
+    "GCNConv(max)": (lambda f: TwoLayers(GCNConv(f, HIDDEN, aggr="max"),
+                                         GCNConv(HIDDEN, OUT, aggr="max")), False),
     "SAGEConv(mean)": (lambda f: TwoLayers(SAGEConv(f, HIDDEN), SAGEConv(HIDDEN, OUT)), False),
     "SAGEConv(max)": (lambda f: TwoLayers(SAGEConv(f, HIDDEN, aggr="max"),
                                           SAGEConv(HIDDEN, OUT, aggr="max")), False),

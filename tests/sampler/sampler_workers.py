@@ -121,11 +121,14 @@ def precompute_checks(root: str):
     from pyg_dist.sampler import build_sampler
     part = pyg_dist.DistData.load(root, dist.get_rank())
     out = {}
-    for name, cls in (("gcn", GCN), ("sage", GraphSAGE)):
+    # max folds over the pieces; std does not (its precomputation takes the whole halo)
+    for name, cls, kw in (("gcn", GCN, {}), ("sage", GraphSAGE, {}),
+                          ("sage max", GraphSAGE, {"aggr": "max"}),
+                          ("sage std", GraphSAGE, {"aggr": "std"})):
         torch.manual_seed(0)
-        plain = pyg_dist.nn.distribute(cls(part.num_features, 8, 3, 4), part)
+        plain = pyg_dist.nn.distribute(cls(part.num_features, 8, 3, 4, **kw), part)
         torch.manual_seed(0)
-        pre = pyg_dist.nn.distribute(cls(part.num_features, 8, 3, 4), part,
+        pre = pyg_dist.nn.distribute(cls(part.num_features, 8, 3, 4, **kw), part,
                                      precompute_layer0=True)
         a = plain(part.x, part.adj_t)
         b = pre(part.x, part.adj_t)
@@ -140,7 +143,7 @@ def precompute_checks(root: str):
                 pre(part.x, part.adj_t)
         layer0 = {k: v for k, v in pre.comm_stats.bytes_recv.items() if k.startswith("convs.0")}
         torch.manual_seed(0)
-        overlapped = pyg_dist.nn.distribute(cls(part.num_features, 8, 3, 4), part,
+        overlapped = pyg_dist.nn.distribute(cls(part.num_features, 8, 3, 4, **kw), part,
                                             precompute_layer0=True, overlap="layers")
         c = overlapped(part.x, part.adj_t).detach()
         pieces = (pieces, overlapped.comm_stats.counts.get("sequential_layers", 0))

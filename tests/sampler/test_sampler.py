@@ -162,10 +162,22 @@ def test_precompute_layer0(tmp_path):
                 in r.items():
             assert_fp32_close(out, want, msg=f"{name}: precomputed layer 0")
             assert_fp32_close(overlapped, want, msg=f"{name}: precomputed, overlapped")
-            assert pieces == (1, 1), name  # the input features' halo never held at once
+            # the input features' halo never held at once, where the aggregation folds
+            assert pieces == ((0, 0) if name == "sage std" else (1, 1)), name
             assert grads
             assert sum(layer0_bytes.values()) == 0, layer0_bytes
             assert total_bytes > 0  # the other layers still exchange
+
+
+def test_precompute_refuses_a_gcn_layer_that_neither_sums_nor_averages(graph, tmp_path):
+    from torch_geometric.nn import GCN
+    pyg_dist.partition_graph(graph, 1, root=str(tmp_path))
+    part = pyg_dist.DistData.load(str(tmp_path), 0)
+    with pytest.raises(NotImplementedError, match="aggr='max'"):
+        pyg_dist.nn.distribute(GCN(part.num_features, 8, 2, 4, aggr="max"), part,
+                               precompute_layer0=True)
+    pyg_dist.nn.distribute(GCN(part.num_features, 8, 2, 4, aggr="mean"), part,
+                           precompute_layer0=True)
 
 
 @pytest.mark.parametrize("name,params", [("bns", dict(p=1.5)), ("bns", dict(p=-0.1)),
