@@ -88,12 +88,16 @@ class SequentialEngine(Engine):
         gather engine runs it (one exchange and one aggregation, nothing
         fetched again in the backward pass); every other layer one peer's
         rows at a time. The budget counts received rows only, not what the
-        layer computes from them."""
+        layer computes from them. Where no rank has a halo (one rank) every
+        layer materialises, budget or none: there is nothing to receive, and
+        the whole graph multiplies faster than its one piece (in column
+        blocks, :func:`~pyg_dist.utils.aggregate.column_blocks`)."""
         if state.materialised is None:
             need = self._halo * sum(math.prod(r.shape[1:]) * r.element_size() for r in rows)
-            state.materialised = self._left is not None and need <= self._left
+            state.materialised = self._halo == 0 or (self._left is not None
+                                                     and need <= self._left)
             if state.materialised:
-                self._left -= need
+                self._left = None if self._left is None else self._left - need
         return state.materialised
 
     def choices(self) -> Dict[str, str]:

@@ -189,22 +189,25 @@ def test_a_memory_budget_materialises_the_layers_that_fit(graph, tmp_path_factor
         assert all(r[k][1] == ranks[0][k][1] for k in r if k != "n_id")
 
 
-@pytest.mark.parametrize("budget", [None, 2 ** 30], ids=["sequential", "budget"])
-def test_training_matches_pyg(graph, tmp_path, budget):
+@pytest.mark.parametrize("ranks,budget", [(2, None), (2, 2 ** 30), (1, None)],
+                         ids=["sequential", "budget", "one rank"])
+def test_training_matches_pyg(graph, tmp_path, ranks, budget):
     r"""``train()`` with ``--exchange sequential``: the trained parameters
     and the final loss equal single-process PyG's (GCN, so its whole-graph
     normalisation is covered, through the trainer's own loop); with a
-    memory budget every layer fits, and ``summary.json`` says so."""
+    memory budget every layer fits, and ``summary.json`` says so; one rank
+    has no halo to receive piece by piece: every layer materialises."""
     from pyg_dist.config import TrainConfig
     from pyg_dist.train import load_model, train_single_process
     from tests.comm.broadcast_workers import train_rank
     root, out = str(tmp_path / "parts"), str(tmp_path / "run")
-    pyg_dist.partition_graph(graph, 2, root=root)
+    pyg_dist.partition_graph(graph, ranks, root=root)
     config = TrainConfig(model="gcn", num_layers=2, hidden=16, dropout=0.0, epochs=4,
                          progress=False, exchange="sequential", memory_budget=budget)
-    summary = pyg_dist.spawn(train_rank, 2, (root, config, out), timeout=120)[0]
+    summary = pyg_dist.spawn(train_rank, ranks, (root, config, out), timeout=120)[0]
     assert summary["layer_aggregation"] == dict.fromkeys(
-        ("convs.0", "convs.1"), "sequential" if budget is None else "materialised")
+        ("convs.0", "convs.1"),
+        "sequential" if budget is None and ranks > 1 else "materialised")
     reference, ref_model = train_single_process(graph, config)
     assert_params_close(dict(load_model(out).named_parameters()),
                         dict(ref_model.named_parameters()), msg="parameter")
