@@ -278,6 +278,8 @@ class Engine:
         partition's own graph, with more than one rank, for an aggregation
         that folds over the pieces (sum, mean, min, max)."""
         ctx, aggr = self.ctx, state.module.aggr
+        # the partition's own graph only, not a batch's (HaloContext.is_local_graph
+        # takes both): the pass runs on the full plan, which pieces its own graph
         return (ctx.exchange.point_to_point and ctx.codec is None and ctx.feature_cache is None
                 and not ctx.observers and ctx.exchanges_now(ctx.full_plan)
                 and any(edge_index is g for g in (ctx.data.edge_index, ctx.data.adj_t))

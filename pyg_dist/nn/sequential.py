@@ -96,8 +96,8 @@ class SequentialEngine(Engine):
             need = self._halo * sum(math.prod(r.shape[1:]) * r.element_size() for r in rows)
             state.materialised = self._halo == 0 or (self._left is not None
                                                      and need <= self._left)
-            if state.materialised:
-                self._left = None if self._left is None else self._left - need
+            if state.materialised and self._left is not None:
+                self._left -= need
         return state.materialised
 
     def choices(self) -> Dict[str, str]:
